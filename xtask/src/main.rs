@@ -1,0 +1,46 @@
+//! `cargo xtask <task>`: project automation (the cargo-xtask pattern).
+//!
+//! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
+//! toolchain), `fixtures` (synthetic packages). Each task is one module; this file only dispatches.
+
+use anyhow::{bail, Result};
+
+mod fixtures;
+mod fuzz;
+
+const USAGE: &str = "usage: cargo xtask <task> [args]
+
+tasks:
+  fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
+                                           (targets: q4nx; default runs all for N seconds each)
+  fixtures                                 regenerate the synthetic packages in fixtures/";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    match task.as_str() {
+        "fuzz" => fuzz::run(rest),
+        "fixtures" => fixtures::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("xtask: unknown task '{other}'\n\n{USAGE}"),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+/// `../shared/fixtures`, beside the checkout.
+pub fn shared_fixtures() -> std::path::PathBuf {
+    workspace_root().join("../shared/fixtures")
+}
