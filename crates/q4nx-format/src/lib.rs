@@ -39,8 +39,11 @@
 //! ```
 
 mod container;
+pub mod convert;
 mod dtype;
 mod error;
+pub mod ggml;
+pub mod gguf;
 mod tile;
 mod writer;
 
