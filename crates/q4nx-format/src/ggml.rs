@@ -221,12 +221,8 @@ mod tests {
         assert_eq!(b.m, f16::from_f32(-1.0));
         assert_eq!(b.d, f16::from_f32(3.0 / 15.0));
         let id = 1.0f32 / (3.0f32 / 15.0);
-        for i in 0..32 {
-            assert_eq!(
-                b.q[i],
-                (((x[i] + 1.0) * id + 0.5).trunc() as u8).min(15),
-                "{i}"
-            );
+        for (i, (&q, &v)) in b.q.iter().zip(&x).enumerate() {
+            assert_eq!(q, (((v + 1.0) * id + 0.5).trunc() as u8).min(15), "{i}");
         }
         assert_eq!(b.q[0], 0);
         assert_eq!(b.q[31], 15);
