@@ -136,17 +136,35 @@ fn targets() -> Result<Vec<Target>> {
             std::fs::read(&p).with_context(|| format!("fuzz: cannot read seed {}", p.display()))?,
         ))
     };
-    Ok(vec![Target {
-        name: "q4nx",
-        seeds: vec![
-            read("tiny-llama/model.q4nx")?,
-            read("tiny-qwen3/model.q4nx")?,
-            read("dflash-ref/draft/model.safetensors")?,
-            read("tiny-llama/reference.safetensors")?,
-        ],
-        hot: q4nx_hot,
-        run: q4nx_format::fuzzing::exercise_container,
-    }])
+    Ok(vec![
+        Target {
+            name: "q4nx",
+            seeds: vec![
+                read("tiny-llama/model.q4nx")?,
+                read("tiny-qwen3/model.q4nx")?,
+                read("dflash-ref/draft/model.safetensors")?,
+                read("tiny-llama/reference.safetensors")?,
+            ],
+            hot: q4nx_hot,
+            run: q4nx_format::fuzzing::exercise_container,
+        },
+        Target {
+            name: "gguf",
+            seeds: vec![
+                read("tiny-llama/model.Q4_1.gguf")?,
+                read("tiny-qwen3/model.Q4_1.gguf")?,
+            ],
+            hot: gguf_hot,
+            run: |bytes| q4nx_format::fuzzing::exercise_gguf(&bytes),
+        },
+    ])
+}
+
+/// The GGUF header (metadata and tensor infos) is where parsing happens.
+fn gguf_hot(b: &[u8]) -> usize {
+    q4nx_format::gguf::Gguf::parse("seed", b)
+        .map(|g| g.data_start)
+        .unwrap_or(b.len())
 }
 
 pub fn run(args: &[String]) -> Result<()> {

