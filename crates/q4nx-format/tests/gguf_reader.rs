@@ -68,7 +68,7 @@ impl Builder {
         out.extend(self.n_kv.to_le_bytes());
         out.extend(&self.kv);
         out.extend(&self.infos);
-        while out.len() as u64 % self.alignment != 0 {
+        while !(out.len() as u64).is_multiple_of(self.alignment) {
             out.push(0);
         }
         out.extend(&self.data);

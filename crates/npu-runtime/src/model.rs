@@ -1,0 +1,292 @@
+//! A target package: `config.json` + `model.q4nx`, checked tensor by tensor.
+
+use std::path::{Path, PathBuf};
+
+use q4nx_format::{Container, Dtype, Q4Kind, Q4Matrix, TensorView};
+use serde_json::Value;
+
+use crate::error::{Result, TargetError};
+
+/// Model families the runtime runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Llama (and SmolLM): no q/k norms.
+    Llama,
+    /// Qwen3: per-head RMSNorm on q and k before rope.
+    Qwen3,
+}
+
+/// The geometry and hyper-parameters of a target model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetConfig {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    pub rms_eps: f32,
+    pub max_positions: usize,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub chat_template: Option<String>,
+}
+
+impl TargetConfig {
+    /// Reads a Hugging Face style `config.json`.
+    pub fn from_json(path: &Path, v: &Value) -> Result<TargetConfig> {
+        let p = path.display().to_string();
+        let bad = |key: &str, problem: String| TargetError::Config {
+            path: p.clone(),
+            key: key.into(),
+            problem,
+        };
+        let uint = |key: &str| -> Result<usize> {
+            match v.get(key) {
+                Some(x) => x
+                    .as_u64()
+                    .filter(|&n| n > 0 && n <= 1 << 24)
+                    .map(|n| n as usize)
+                    .ok_or_else(|| bad(key, format!("is {x}, not a positive integer up to 2^24"))),
+                None => Err(bad(key, "is missing".into())),
+            }
+        };
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let family = match model_type {
+            "llama" => Family::Llama,
+            "qwen3" => Family::Qwen3,
+            other => {
+                return Err(bad(
+                    "model_type",
+                    format!("is '{other}'; supported target families are 'llama' and 'qwen3'"),
+                ))
+            }
+        };
+        if let Some(scaling) = v.get("rope_scaling").filter(|s| !s.is_null()) {
+            let kind = scaling
+                .get("rope_type")
+                .or(scaling.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            if kind != "default" {
+                return Err(bad(
+                    "rope_scaling",
+                    format!("type '{kind}' is not supported yet"),
+                ));
+            }
+        }
+        let hidden = uint("hidden_size")?;
+        let heads = uint("num_attention_heads")?;
+        let kv_heads = match v.get("num_key_value_heads") {
+            Some(_) => uint("num_key_value_heads")?,
+            None => heads,
+        };
+        if heads % kv_heads != 0 {
+            return Err(bad(
+                "num_key_value_heads",
+                format!("{kv_heads} does not divide num_attention_heads {heads}"),
+            ));
+        }
+        let head_dim = match v.get("head_dim") {
+            Some(_) => uint("head_dim")?,
+            None => hidden / heads,
+        };
+        if head_dim % 2 != 0 {
+            return Err(bad(
+                "head_dim",
+                format!("{head_dim} is odd; rope needs an even head dimension"),
+            ));
+        }
+        let rope_theta = v
+            .get("rope_theta")
+            .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")))
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0);
+        let rms_eps = v
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-6) as f32;
+        let eos_token_ids = match v.get("eos_token_id") {
+            Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(TargetConfig {
+            family,
+            vocab_size: uint("vocab_size")?,
+            hidden_size: hidden,
+            intermediate_size: uint("intermediate_size")?,
+            num_layers: uint("num_hidden_layers")?,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            rope_theta,
+            rms_eps,
+            max_positions: v
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(4096) as usize,
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            bos_token_id: v
+                .get("bos_token_id")
+                .and_then(Value::as_u64)
+                .map(|x| x as u32),
+            eos_token_ids,
+            chat_template: v
+                .get("chat_template")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+
+    /// Query width (`num_heads * head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Key/value width (`num_kv_heads * head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// The tensors of one decoder layer.
+pub struct LayerWeights<'a> {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub q: Q4Matrix<'a>,
+    pub k: Q4Matrix<'a>,
+    pub v: Q4Matrix<'a>,
+    pub o: Q4Matrix<'a>,
+    pub gate: Q4Matrix<'a>,
+    pub up: Q4Matrix<'a>,
+    pub down: Q4Matrix<'a>,
+}
+
+/// The model's tensors as checked views: projections stay q4_1 tiles in the mapped
+/// file; norm gains (a few KB) are widened to f32 once.
+pub struct TargetWeights<'a> {
+    pub embed: TensorView<'a>,
+    pub final_norm: Vec<f32>,
+    pub lm_head: Q4Matrix<'a>,
+    pub layers: Vec<LayerWeights<'a>>,
+}
+
+/// A package on disk: its config and its mapped container.
+pub struct TargetPackage {
+    pub dir: PathBuf,
+    pub config: TargetConfig,
+    pub container: Container,
+}
+
+impl TargetPackage {
+    /// Reads `config.json` and maps `model.q4nx`; [`TargetPackage::weights`] checks the tensors.
+    pub fn open(dir: impl AsRef<Path>) -> Result<TargetPackage> {
+        let dir = dir.as_ref().to_path_buf();
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| TargetError::Io {
+            path: config_path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| TargetError::Config {
+            path: config_path.display().to_string(),
+            key: "(file)".into(),
+            problem: format!("is not valid JSON: {e}"),
+        })?;
+        let config = TargetConfig::from_json(&config_path, &json)?;
+        let container = Container::open(dir.join("model.q4nx"))?;
+        let package = TargetPackage {
+            dir,
+            config,
+            container,
+        };
+        package.weights()?;
+        Ok(package)
+    }
+
+    /// Every tensor the architecture needs, checked against the config; unknown
+    /// tensors are refused (a package for another architecture).
+    pub fn weights(&self) -> Result<TargetWeights<'_>> {
+        let c = &self.container;
+        let cfg = &self.config;
+        let path = c.path();
+        let mut used: Vec<String> = Vec::new();
+        let mut tensor = |name: String| -> Result<TensorView<'_>> {
+            used.push(name.clone());
+            Ok(c.tensor(&name)?)
+        };
+        let gain = |t: TensorView<'_>, len: usize| -> Result<Vec<f32>> {
+            t.expect_dtype(Dtype::BF16)?;
+            t.expect_shape(&[len])?;
+            Ok(t.to_f32()?)
+        };
+        fn proj<'c>(path: &str, t: TensorView<'c>, n: usize, k: usize) -> Result<Q4Matrix<'c>> {
+            if !k.is_multiple_of(32) {
+                return Err(TargetError::Tensor {
+                    path: path.into(),
+                    tensor: t.name.into(),
+                    problem: format!("input width {k} is not a multiple of 32"),
+                });
+            }
+            Ok(Q4Matrix::from_tensor(&t, n, k, Q4Kind::Q4_1)?)
+        }
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let embed = tensor("model.embed_tokens.weight".into())?;
+        embed.expect_dtype(Dtype::BF16)?;
+        embed.expect_shape(&[cfg.vocab_size, h])?;
+        let final_norm = gain(tensor("model.norm.weight".into())?, h)?;
+        let lm_head = proj(path, tensor("lm_head.weight".into())?, cfg.vocab_size, h)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let (q_norm, k_norm) = match cfg.family {
+                Family::Qwen3 => (
+                    Some(gain(tensor(p("self_attn.q_norm.weight"))?, cfg.head_dim)?),
+                    Some(gain(tensor(p("self_attn.k_norm.weight"))?, cfg.head_dim)?),
+                ),
+                Family::Llama => (None, None),
+            };
+            layers.push(LayerWeights {
+                input_norm: gain(tensor(p("input_layernorm.weight"))?, h)?,
+                post_norm: gain(tensor(p("post_attention_layernorm.weight"))?, h)?,
+                q_norm,
+                k_norm,
+                q: proj(path, tensor(p("self_attn.q_proj.weight"))?, cfg.q_dim(), h)?,
+                k: proj(path, tensor(p("self_attn.k_proj.weight"))?, cfg.kv_dim(), h)?,
+                v: proj(path, tensor(p("self_attn.v_proj.weight"))?, cfg.kv_dim(), h)?,
+                o: proj(path, tensor(p("self_attn.o_proj.weight"))?, h, cfg.q_dim())?,
+                gate: proj(path, tensor(p("mlp.gate_proj.weight"))?, inter, h)?,
+                up: proj(path, tensor(p("mlp.up_proj.weight"))?, inter, h)?,
+                down: proj(path, tensor(p("mlp.down_proj.weight"))?, h, inter)?,
+            });
+        }
+        if let Some(extra) = c.tensors().find(|t| !used.iter().any(|u| u == t.name)) {
+            return Err(TargetError::Tensor {
+                path: path.into(),
+                tensor: extra.name.into(),
+                problem: format!(
+                    "is not part of a {}-layer {:?} model (a package for another architecture?)",
+                    cfg.num_layers, cfg.family
+                ),
+            });
+        }
+        Ok(TargetWeights {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+        })
+    }
+}

@@ -1,0 +1,112 @@
+//! The matmul kernels: every kernel equals the defining arithmetic bit for bit, for
+//! any batch size (batch invariance), on grids with K and N padding.
+
+use npu_runtime::kernels::matmul::{matmul, reference_dot, Kernel};
+use proptest::prelude::*;
+use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
+
+fn weights(n: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n * k)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+        })
+        .collect()
+}
+
+fn kernels() -> Vec<Kernel> {
+    let mut k = vec![Kernel::Scalar];
+    if Kernel::detect() != Kernel::Scalar {
+        k.push(Kernel::detect());
+    } else {
+        eprintln!("skipped: avx512 kernel comparisons: this CPU has no avx512f");
+    }
+    k
+}
+
+fn check(n_out: usize, k: usize, rows: usize, seed: u64) {
+    let tiles = encode_q4_1(&weights(n_out, k, seed), n_out, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, Q4Kind::Q4_1).unwrap();
+    let x = weights(rows, k, seed + 1);
+    for kernel in kernels() {
+        let mut y = vec![0f32; rows * n_out];
+        matmul(&w, &x, rows, &mut y, kernel);
+        for i in 0..rows {
+            // Batch invariance: row i alone gives the same bits as inside the batch.
+            let mut single = vec![0f32; n_out];
+            matmul(&w, &x[i * k..(i + 1) * k], 1, &mut single, kernel);
+            for r in 0..n_out {
+                let want = reference_dot(&w, r, &x[i * k..(i + 1) * k]);
+                assert_eq!(
+                    y[i * n_out + r].to_bits(),
+                    want.to_bits(),
+                    "{kernel:?} {n_out}x{k} rows {rows}: ({i},{r})"
+                );
+                assert_eq!(
+                    single[r].to_bits(),
+                    want.to_bits(),
+                    "{kernel:?} single row ({i},{r})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_match_the_reference_on_padded_grids() {
+    check(64, 256, 1, 1);
+    check(45, 96, 3, 2); // N and K both padded
+    check(96, 576, 9, 3); // SmolLM2's K; 9 rows = a chunk of 8 and one of 1
+    check(32, 800, 17, 4);
+}
+
+#[test]
+fn decoded_product_is_close_to_a_dense_f64_product() {
+    let (n, k) = (70, 320);
+    let tiles = encode_q4_1(&weights(n, k, 9), n, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n, k, Q4Kind::Q4_1).unwrap();
+    let dense = w.decode();
+    let x = weights(2, k, 10);
+    let mut y = vec![0f32; 2 * n];
+    matmul(&w, &x, 2, &mut y, Kernel::detect());
+    for i in 0..2 {
+        for r in 0..n {
+            let exact: f64 = (0..k)
+                .map(|c| dense[r * k + c] as f64 * x[i * k + c] as f64)
+                .sum();
+            assert!(
+                (y[i * n + r] as f64 - exact).abs() < 1e-5,
+                "({i},{r}) {} vs {exact}",
+                y[i * n + r]
+            );
+        }
+    }
+}
+
+#[test]
+fn q4_0_tiles_multiply_with_signed_codes() {
+    let (n, k) = (32, 64);
+    let tiles = encode_q4_1(&weights(n, k, 5), n, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n, k, Q4Kind::Q4_0).unwrap();
+    let dense = w.decode();
+    let x = weights(1, k, 6);
+    let mut y = vec![0f32; n];
+    matmul(&w, &x, 1, &mut y, Kernel::detect());
+    for r in 0..n {
+        let exact: f64 = (0..k).map(|c| dense[r * k + c] as f64 * x[c] as f64).sum();
+        assert!((y[r] as f64 - exact).abs() < 1e-4);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn batch_invariance_on_random_shapes(n_out in 1usize..100, groups in 1usize..20, rows in 1usize..12, seed in 0u64..1000) {
+        check(n_out, groups * 32, rows, seed);
+    }
+}

@@ -1,0 +1,180 @@
+//! The CPU forward against transformers' float32 reference (`../shared/fixtures`):
+//! embeddings, every layer's output (through taps), final norm, logits and greedy
+//! continuation; then batch invariance and truncate.
+//!
+//! Tolerance: 1e-3 absolute on hidden states and logits. The reference is float32
+//! transformers over exactly the weights the Q4NX encodes, so the only differences are
+//! f32 summation order (measured below 3e-5 here); 1e-3 is the fixture's own suggested
+//! bound and sits well under the smallest greedy margin used (0.0208).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use npu_runtime::kernels::Kernel;
+use npu_runtime::{argmax, CpuTarget, Forward, TapRows, TargetPackage};
+use q4nx_format::Container;
+
+const TOLERANCE: f32 = 1e-3;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn check_reference(dir: &str) {
+    let package = TargetPackage::open(fixture(dir)).unwrap();
+    let reference = Container::open(fixture(dir).join("reference.safetensors")).unwrap();
+    let get = |name: &str| reference.tensor(name).unwrap().to_f32().unwrap();
+    let tokens: Vec<u32> = reference
+        .tensor("tokens")
+        .unwrap()
+        .to_i64()
+        .unwrap()
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    let h = package.config.hidden_size;
+    for kernel in [Kernel::Scalar, Kernel::detect()] {
+        let mut target = CpuTarget::with_kernel(&package, kernel).unwrap();
+        let sink = Arc::new(Mutex::new(TapRows::new(0)));
+        target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+        assert!(
+            max_diff(&target.embed(&tokens).unwrap(), &get("embed")) == 0.0,
+            "embedding rows are exact"
+        );
+        let logits = target.forward(&tokens).unwrap();
+        let rows = sink.lock().unwrap().clone();
+        assert_eq!(rows.rows(), 12);
+        let tap = |t: usize| -> Vec<f32> {
+            (0..12)
+                .flat_map(|i| rows.row(i)[t * h..(t + 1) * h].to_vec())
+                .collect()
+        };
+        let d_hidden0 = max_diff(&tap(0), &get("hidden.0"));
+        let d_final = max_diff(&tap(1), &get("final_norm"));
+        let d_logits = max_diff(&logits, &get("logits"));
+        eprintln!("{dir} {kernel:?}: max |diff| hidden.0 {d_hidden0:.2e}, final_norm {d_final:.2e}, logits {d_logits:.2e}");
+        assert!(d_hidden0 < TOLERANCE && d_final < TOLERANCE && d_logits < TOLERANCE);
+        assert!(max_diff(target.last_hidden(), &get("final_norm")) < TOLERANCE);
+
+        // Greedy continuation, one token at a time, where the reference's margin exceeds our bound.
+        let greedy = reference.tensor("greedy").unwrap().to_i64().unwrap();
+        let margins = get("greedy_margin");
+        target.clear_layer_taps();
+        let mut next = argmax(&logits[11 * 512..]) as u32;
+        for (step, (&want, &margin)) in greedy.iter().zip(&margins).enumerate() {
+            if margin > 2.0 * TOLERANCE {
+                assert_eq!(
+                    next as i64, want,
+                    "{dir}: greedy step {step} (margin {margin})"
+                );
+            }
+            next = argmax(&target.forward(&[want as u32]).unwrap()) as u32;
+        }
+    }
+}
+
+#[test]
+fn tiny_llama_matches_transformers() {
+    check_reference("tiny-llama");
+}
+
+#[test]
+fn tiny_qwen3_matches_transformers() {
+    check_reference("tiny-qwen3");
+}
+
+/// Deterministic pseudo-random numbers for batch splits.
+fn lcg(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+/// A batched pass gives, row for row, the same bits as one-token passes; tap rows too;
+/// truncate rolls back exactly (re-running after a rollback repeats the same bits).
+#[test]
+fn batches_equal_single_steps_bit_for_bit() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let mut rng = 7u64;
+        let tokens: Vec<u32> = (0..40).map(|_| (lcg(&mut rng) % 512) as u32).collect();
+        let run = |splits: &[usize]| -> (Vec<f32>, TapRows) {
+            let mut t = CpuTarget::new(&package).unwrap();
+            let sink = Arc::new(Mutex::new(TapRows::new(0)));
+            t.set_layer_taps(&[1, 0], sink.clone()).unwrap();
+            let mut logits = Vec::new();
+            let mut at = 0;
+            for &len in splits {
+                logits.extend(t.forward(&tokens[at..at + len]).unwrap());
+                at += len;
+            }
+            let rows = sink.lock().unwrap().clone();
+            (logits, rows)
+        };
+        let singles = run(&[1; 40]);
+        for trial in 0..6 {
+            let mut splits = Vec::new();
+            let mut left = 40;
+            while left > 0 {
+                let n = 1 + (lcg(&mut rng) as usize % 9).min(left - 1);
+                splits.push(n);
+                left -= n;
+            }
+            let batched = run(&splits);
+            assert!(
+                batched.0 == singles.0,
+                "{dir}: logits differ for splits {splits:?} (trial {trial})"
+            );
+            assert!(
+                batched.1 == singles.1,
+                "{dir}: tap rows differ for splits {splits:?}"
+            );
+        }
+
+        // Rollback: run 30, truncate to 20, run 10 different tokens, truncate to 20 and
+        // replay the original 10: bits equal the uninterrupted run.
+        let mut t = CpuTarget::new(&package).unwrap();
+        let full = t.forward(&tokens[..30]).unwrap();
+        t.truncate(20).unwrap();
+        assert_eq!(t.position(), 20);
+        t.forward(&tokens[30..40]).unwrap();
+        t.truncate(20).unwrap();
+        let replay = t.forward(&tokens[20..30]).unwrap();
+        assert!(
+            replay == full[20 * 512..],
+            "{dir}: replay after truncate differs"
+        );
+        assert!(t.truncate(31).is_err());
+    }
+}
+
+#[test]
+fn bad_inputs_are_refused_by_name() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let mut t = CpuTarget::new(&package).unwrap();
+    assert_eq!(
+        t.forward(&[512]).unwrap_err().to_string(),
+        "target: token id 512 is outside the vocabulary of 512"
+    );
+    let sink = Arc::new(Mutex::new(TapRows::new(0)));
+    assert_eq!(
+        t.set_layer_taps(&[2], sink).unwrap_err().to_string(),
+        "target: tap layer 2 does not exist (the model has 2 layers)"
+    );
+    t.forward(&[1, 2]).unwrap();
+    assert_eq!(
+        t.truncate(3).unwrap_err().to_string(),
+        "target: cannot truncate to 3 positions: only 2 are cached"
+    );
+}
