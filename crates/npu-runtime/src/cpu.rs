@@ -34,17 +34,43 @@ impl KvCache {
     }
 }
 
+/// Which weights score hidden rows into logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadKind {
+    /// The package's `lm_head.weight` q4_1 tiles (what FastFlowLM's runtime uses).
+    Tiles,
+    /// The dense BF16 embedding, for tied models: exact where the tiles are a lossy
+    /// re-quantization (3x the bytes of the tiles).
+    Embedding,
+}
+
+impl HeadKind {
+    /// The default for a package: the embedding when the model is tied and its head
+    /// tiles were re-quantized from it, the tiles otherwise.
+    pub fn default_for(config: &TargetConfig) -> HeadKind {
+        if config.tie_word_embeddings && config.lm_head_requantized {
+            HeadKind::Embedding
+        } else {
+            HeadKind::Tiles
+        }
+    }
+}
+
 /// A target model on the CPU.
 pub struct CpuTarget<'a> {
     config: TargetConfig,
     weights: TargetWeights<'a>,
     kernel: Kernel,
+    head: HeadKind,
     cache: KvCache,
     taps: Option<(Vec<usize>, TapSink)>,
     last_hidden: Vec<f32>,
     /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// The pool every pass runs inside, so the passes' parallel loops dispatch between
+    /// worker threads that are already awake instead of waking them from the caller.
+    pool: std::sync::Arc<rayon::ThreadPool>,
 }
 
 impl<'a> CpuTarget<'a> {
@@ -55,6 +81,20 @@ impl<'a> CpuTarget<'a> {
 
     /// A target with an explicit kernel (tests compare kernels).
     pub fn with_kernel(package: &'a TargetPackage, kernel: Kernel) -> Result<CpuTarget<'a>> {
+        Self::with_options(package, kernel, None)
+    }
+
+    /// A target with an explicit kernel and worker-thread count (default: all cores).
+    pub fn with_options(
+        package: &'a TargetPackage,
+        kernel: Kernel,
+        threads: Option<usize>,
+    ) -> Result<CpuTarget<'a>> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.unwrap_or(0))
+            .thread_name(|i| format!("onebit-cpu-{i}"))
+            .build()
+            .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
         let config = package.config.clone();
         let weights = package.weights()?;
         Ok(CpuTarget {
@@ -62,11 +102,35 @@ impl<'a> CpuTarget<'a> {
             config,
             weights,
             kernel,
+            head: HeadKind::default_for(&package.config),
             taps: None,
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
+            pool: std::sync::Arc::new(pool),
         })
+    }
+
+    /// The head in use.
+    pub fn head(&self) -> HeadKind {
+        self.head
+    }
+
+    /// Chooses the head; the embedding is refused for untied models.
+    pub fn set_head(&mut self, head: HeadKind) -> Result<()> {
+        if head == HeadKind::Embedding && !self.config.tie_word_embeddings {
+            return Err(TargetError::Unsupported(
+                "the embedding can only serve as the head of a model with tie_word_embeddings"
+                    .into(),
+            ));
+        }
+        self.head = head;
+        Ok(())
+    }
+
+    /// Worker threads of this target's pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
     }
 
     /// The matmul kernel in use.
@@ -83,7 +147,11 @@ impl<'a> CpuTarget<'a> {
             + tile_bytes(c.hidden_size, c.q_dim())
             + 2 * tile_bytes(c.intermediate_size, c.hidden_size)
             + tile_bytes(c.hidden_size, c.intermediate_size);
-        per_layer * c.num_layers + tile_bytes(c.vocab_size, c.hidden_size)
+        let head = match self.head {
+            HeadKind::Tiles => tile_bytes(c.vocab_size, c.hidden_size),
+            HeadKind::Embedding => c.vocab_size * c.hidden_size * 2,
+        };
+        per_layer * c.num_layers + head
     }
 
     fn ensure_rope(&mut self, positions: usize) {
@@ -134,16 +202,8 @@ fn norm_and_rope(
     }
 }
 
-impl Forward for CpuTarget<'_> {
-    fn config(&self) -> &TargetConfig {
-        &self.config
-    }
-
-    fn position(&self) -> usize {
-        self.cache.len
-    }
-
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+impl CpuTarget<'_> {
+    fn forward_in_pool(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let n = tokens.len();
         let p0 = self.cache.len;
         if p0 + n > self.config.max_positions {
@@ -264,6 +324,21 @@ impl Forward for CpuTarget<'_> {
         self.last_hidden = final_hidden;
         Ok(logits)
     }
+}
+
+impl Forward for CpuTarget<'_> {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+
+    fn position(&self) -> usize {
+        self.cache.len
+    }
+
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let pool = self.pool.clone();
+        pool.install(|| self.forward_in_pool(tokens))
+    }
 
     fn last_hidden(&self) -> &[f32] {
         &self.last_hidden
@@ -330,6 +405,22 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.project(&self.weights.lm_head, hidden, n)
+        self.pool.install(|| match self.head {
+            HeadKind::Tiles => self.project(&self.weights.lm_head, hidden, n),
+            HeadKind::Embedding => {
+                let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+                let mut y = vec![0f32; n * v];
+                kernels::dense::matmul_bf16(
+                    self.weights.embed.bytes,
+                    v,
+                    h,
+                    hidden,
+                    n,
+                    &mut y,
+                    self.kernel,
+                );
+                y
+            }
+        })
     }
 }

@@ -28,7 +28,7 @@ mod forward;
 pub mod kernels;
 mod model;
 
-pub use cpu::CpuTarget;
+pub use cpu::{CpuTarget, HeadKind};
 pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
 pub use model::{Family, LayerWeights, TargetConfig, TargetPackage, TargetWeights};

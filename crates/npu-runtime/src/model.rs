@@ -34,6 +34,9 @@ pub struct TargetConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub chat_template: Option<String>,
+    /// The package's `lm_head.weight` tiles were re-quantized from a higher-precision
+    /// tied embedding (`q4nx_lm_head_source: "requantized"`, written by onebit convert).
+    pub lm_head_requantized: bool,
 }
 
 impl TargetConfig {
@@ -143,6 +146,8 @@ impl TargetConfig {
                 .and_then(Value::as_u64)
                 .map(|x| x as u32),
             eos_token_ids,
+            lm_head_requantized: v.get("q4nx_lm_head_source").and_then(Value::as_str)
+                == Some("requantized"),
             chat_template: v
                 .get("chat_template")
                 .and_then(Value::as_str)

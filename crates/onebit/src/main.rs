@@ -8,8 +8,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod convert;
 mod inspect;
+mod run;
+mod sample;
+mod text;
 
 /// Run Q4NX language models with DFlash speculative decoding.
 #[derive(Parser)]
@@ -25,6 +29,10 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Convert a GGUF model (Llama, Qwen3) to a Q4NX target package.
     Convert(convert::ConvertArgs),
+    /// Generate text with a target package (greedy or sampled), streaming it.
+    Run(run::RunArgs),
+    /// Measure prefill and decode speed, n-row pass costs and memory bandwidth.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +40,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

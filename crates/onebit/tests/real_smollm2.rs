@@ -225,3 +225,76 @@ fn real_smollm2_tied_q8_0_head_is_requantized_not_repacked() {
     }
     eprintln!("lm_head vs embedding: worst error {worst:.3} steps");
 }
+
+/// Chat answers in coherent English: greedy, so deterministic; each answer must end
+/// at `<|im_end|>`, be mostly common English words, not loop, and stay on topic.
+#[test]
+fn real_smollm2_chat_answers_in_coherent_english() {
+    let Some((_, pkg)) = smollm2("real_smollm2_chat_answers_in_coherent_english") else {
+        return;
+    };
+    let common = [
+        "the", "a", "an", "and", "of", "to", "is", "in", "that", "for", "your", "you", "it", "can",
+        "with", "are", "as", "be", "on", "by", "this", "or", "what", "where", "which", "help",
+        "like",
+    ];
+    for (prompt, topic) in [
+        (
+            "Give me three tips for staying healthy.",
+            ["water", "sleep", "diet", "exercise"].as_slice(),
+        ),
+        (
+            "Explain what a CPU does in one sentence.",
+            ["computer", "instructions", "processing"].as_slice(),
+        ),
+        (
+            "Write a haiku about the ocean.",
+            ["ocean", "sea", "waves", "depths"].as_slice(),
+        ),
+    ] {
+        let out = Command::cargo_bin("onebit")
+            .unwrap()
+            .args([
+                "run",
+                "--chat",
+                "--json",
+                "--max-tokens",
+                "160",
+                "--prompt",
+                prompt,
+                "--model",
+            ])
+            .arg(&pkg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = v["text"].as_str().unwrap().to_lowercase();
+        eprintln!("{prompt} -> {text:?}");
+        assert_eq!(v["stop_reason"], "eos", "{prompt}: {text}");
+        let words: Vec<&str> = text
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .filter(|w| !w.is_empty())
+            .collect();
+        assert!(words.len() >= 8, "{prompt}: {text}");
+        let common_share =
+            words.iter().filter(|w| common.contains(w)).count() as f64 / words.len() as f64;
+        assert!(
+            common_share >= 0.1,
+            "{prompt}: too few common words in {text}"
+        );
+        let distinct: std::collections::HashSet<_> = words.iter().collect();
+        assert!(
+            distinct.len() * 2 >= words.len(),
+            "{prompt}: repetitive: {text}"
+        );
+        assert!(
+            topic.iter().any(|t| text.contains(t)),
+            "{prompt}: off topic: {text}"
+        );
+    }
+}

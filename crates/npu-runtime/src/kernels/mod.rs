@@ -91,3 +91,5 @@ pub fn attend(
         }
     }
 }
+
+pub mod dense;

@@ -521,6 +521,11 @@ impl<'a> GgufConverter<'a> {
                 obj.insert(hf.into(), Value::from(id));
             }
         }
+        // A tied head tiled from a non-Q4 embedding is a lossy 4-bit copy of it; say so,
+        // so a runtime can prefer the BF16 embedding (onebit does).
+        if tied && embed.is_some_and(|e| !matches!(e.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_1)) {
+            obj.insert("q4nx_lm_head_source".into(), Value::from("requantized"));
+        }
         if let Some(t) = g
             .metadata_value("tokenizer.chat_template")
             .and_then(|v| v.as_str())

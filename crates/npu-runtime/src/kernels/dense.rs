@@ -1,0 +1,101 @@
+//! `y = x · Wᵀ` for a dense BF16 W (`rows × k`, row-major): the tied LM head read
+//! straight from the BF16 embedding.
+//!
+//! The arithmetic per output element is fixed: sixteen lane sums, lane `j` adding
+//! `fma(w[c], x[c], acc_j)` for `c = j, j + 16, ...` in order, then the tree
+//! `j + j⊕8`, `+ j⊕4`, `+ j⊕2`, `+ j⊕1`. The AVX-512 kernel performs exactly those
+//! operations, so it equals the scalar one bit for bit, and every row is computed the
+//! same way whatever the batch size (batch invariance).
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::Kernel;
+
+const LANES: usize = 16;
+
+/// One output element by the defining operations (requires `k % 16 == 0`).
+pub fn reference_dot(w: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (c, &xv) in x.iter().enumerate() {
+        let wv = bf16::from_le_bytes([w[2 * c], w[2 * c + 1]]).to_f32();
+        acc[c % LANES] = wv.mul_add(xv, acc[c % LANES]);
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            acc[j] += acc[j + width];
+        }
+    }
+    acc[0]
+}
+
+/// `y[i * rows + r] = Σ_c W[r][c] · x[i * k + c]`.
+///
+/// # Panics
+/// If `k` is not a multiple of 16 or the slices do not match.
+pub fn matmul_bf16(
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    kernel: Kernel,
+) {
+    assert_eq!(k % LANES, 0, "K must be a multiple of 16");
+    assert_eq!(w.len(), rows * k * 2);
+    assert_eq!(x.len(), n * k);
+    assert_eq!(y.len(), n * rows);
+    const BLOCK: usize = 64;
+    let mut scratch = vec![0f32; rows.div_ceil(BLOCK) * BLOCK * n];
+    scratch
+        .par_chunks_mut(BLOCK * n)
+        .enumerate()
+        .for_each(|(b, out)| {
+            for r in 0..BLOCK {
+                let row = b * BLOCK + r;
+                if row >= rows {
+                    break;
+                }
+                let wr = &w[row * k * 2..(row + 1) * k * 2];
+                for i in 0..n {
+                    let xi = &x[i * k..(i + 1) * k];
+                    out[r * n + i] = match kernel {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
+                        Kernel::Avx512 => unsafe { avx512_dot(wr, xi) },
+                        _ => reference_dot(wr, xi),
+                    };
+                }
+            }
+        });
+    for row in 0..rows {
+        for i in 0..n {
+            y[i * rows + row] = scratch[row * n + i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_dot(w: &[u8], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_ps();
+    for c in (0..x.len()).step_by(LANES) {
+        let h = _mm256_loadu_si256(w.as_ptr().add(2 * c) as *const __m256i);
+        let wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.as_ptr().add(c)), acc);
+    }
+    let mut lanes = [0f32; LANES];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            lanes[j] += lanes[j + width];
+        }
+    }
+    lanes[0]
+}

@@ -1,0 +1,33 @@
+//! The BF16 head kernel: SIMD equals scalar bit for bit, any batch size.
+
+use half::bf16;
+use npu_runtime::kernels::dense::{matmul_bf16, reference_dot};
+use npu_runtime::kernels::Kernel;
+
+#[test]
+fn bf16_kernels_agree_and_are_batch_invariant() {
+    let (rows, k, n) = (130, 96, 5);
+    let w: Vec<u8> = (0..rows * k)
+        .flat_map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0).to_le_bytes())
+        .collect();
+    let x: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 13 % 17) as f32 - 8.0) / 7.0)
+        .collect();
+    for kernel in [Kernel::Scalar, Kernel::detect()] {
+        let mut y = vec![0f32; n * rows];
+        matmul_bf16(&w, rows, k, &x, n, &mut y, kernel);
+        for i in 0..n {
+            let mut one = vec![0f32; rows];
+            matmul_bf16(&w, rows, k, &x[i * k..(i + 1) * k], 1, &mut one, kernel);
+            for r in 0..rows {
+                let want = reference_dot(&w[r * k * 2..(r + 1) * k * 2], &x[i * k..(i + 1) * k]);
+                assert_eq!(
+                    y[i * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{kernel:?} ({i},{r})"
+                );
+                assert_eq!(one[r].to_bits(), want.to_bits());
+            }
+        }
+    }
+}

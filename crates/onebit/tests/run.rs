@@ -1,0 +1,173 @@
+//! `onebit run` and `onebit bench` as a user runs them.
+
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn onebit() -> Command {
+    Command::cargo_bin("onebit").unwrap()
+}
+
+/// Greedy decoding from the reference prompt reproduces transformers' 24 greedy tokens
+/// (every margin in both fixtures is above 0.02, far over the forward's 3e-5 error).
+#[test]
+fn greedy_run_reproduces_the_reference_continuation() {
+    for (dir, greedy) in [
+        (
+            "tiny-llama",
+            [
+                463, 91, 227, 19, 19, 19, 19, 77, 87, 166, 105, 50, 50, 438, 91, 227, 227, 227,
+                227, 227, 227, 19, 242, 269,
+            ],
+        ),
+        (
+            "tiny-qwen3",
+            [
+                35, 380, 218, 413, 257, 393, 264, 356, 45, 122, 437, 404, 434, 308, 348, 122, 324,
+                286, 307, 133, 145, 504, 493, 459,
+            ],
+        ),
+    ] {
+        let out = onebit()
+            .args([
+                "run",
+                "--prompt-tokens",
+                "1,17,300,42,7,255,3,99,128,64,5,400",
+                "--max-tokens",
+                "24",
+                "--ignore-eos",
+                "--json",
+                "--model",
+            ])
+            .arg(fixture(dir))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let tokens: Vec<u64> = v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens, greedy.map(|t| t as u64), "{dir}");
+        assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 12);
+        assert!(v["timings"]["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["stop_reason"], "max_tokens");
+    }
+}
+
+#[test]
+fn sampling_is_seeded_and_reproducible() {
+    let run = |seed: &str| {
+        let out = onebit()
+            .args([
+                "run",
+                "--prompt-tokens",
+                "1,17,300",
+                "--max-tokens",
+                "16",
+                "--ignore-eos",
+                "--json",
+                "--temp",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--seed",
+                seed,
+                "--model",
+            ])
+            .arg(fixture("tiny-qwen3"))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    assert_eq!(run("7"), run("7"));
+    assert_ne!(run("7"), run("8"));
+}
+
+#[test]
+fn bad_run_inputs_exit_2_by_name() {
+    onebit()
+        .args(["run", "--prompt-tokens", "9999", "--model"])
+        .arg(fixture("tiny-qwen3"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "target: token id 9999 is outside the vocabulary of 512",
+        ));
+    onebit()
+        .args(["run", "--prompt-tokens", "1", "--threads", "0", "--model"])
+        .arg(fixture("tiny-qwen3"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--threads must be at least 1"));
+    onebit()
+        .args(["run", "--prompt", "hi", "--chat", "--model"])
+        .arg(fixture("tiny-qwen3"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--chat needs a chat_template in config.json",
+        ));
+    onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1",
+            "--head",
+            "embedding",
+            "--model",
+        ])
+        .arg(fixture("tiny-qwen3"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("tie_word_embeddings"));
+}
+
+#[test]
+fn bench_reports_json() {
+    let out = onebit()
+        .args([
+            "bench",
+            "--json",
+            "--decode-tokens",
+            "4",
+            "--prefill-tokens",
+            "8",
+            "--model",
+        ])
+        .arg(fixture("tiny-llama"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(v["read_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    let passes = v["passes"].as_array().unwrap();
+    assert_eq!(
+        passes
+            .iter()
+            .map(|p| p["rows"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2, 4, 8, 16]
+    );
+    assert_eq!(passes[0]["cost_vs_1_row"].as_f64().unwrap(), 1.0);
+}
