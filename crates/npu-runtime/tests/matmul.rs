@@ -20,11 +20,9 @@ fn weights(n: usize, k: usize, seed: u64) -> Vec<f32> {
 }
 
 fn kernels() -> Vec<Kernel> {
-    let mut k = vec![Kernel::Scalar];
-    if Kernel::detect() != Kernel::Scalar {
-        k.push(Kernel::detect());
-    } else {
-        eprintln!("skipped: avx512 kernel comparisons: this CPU has no avx512f");
+    let k = Kernel::available();
+    if k.len() == 1 {
+        eprintln!("skipped: SIMD kernel comparisons: this CPU has neither avx2+fma nor avx512f");
     }
     k
 }

@@ -43,7 +43,7 @@ fn check_reference(dir: &str) {
         .map(|&t| t as u32)
         .collect();
     let h = package.config.hidden_size;
-    for kernel in [Kernel::Scalar, Kernel::detect()] {
+    for kernel in Kernel::available() {
         let mut target = CpuTarget::with_kernel(&package, kernel).unwrap();
         let sink = Arc::new(Mutex::new(TapRows::new(0)));
         target.set_layer_taps(&[0, 1], sink.clone()).unwrap();

@@ -6,12 +6,11 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use npu_runtime::kernels::Kernel;
 use npu_runtime::{CpuTarget, Forward, TargetPackage};
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::run::{check_threads, HeadArg};
+use crate::run::{check_threads, HeadArg, KernelArg};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -24,6 +23,9 @@ pub struct BenchArgs {
     /// Which weights make the logits (see `onebit run --help`).
     #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
     pub head: HeadArg,
+    /// Matmul kernel (auto: the fastest this CPU supports).
+    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
+    pub kernel: KernelArg,
     /// Decode steps to time.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
@@ -69,7 +71,7 @@ fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let threads = check_threads(args.threads)?;
     let package = TargetPackage::open(&args.model)?;
-    let mut target = CpuTarget::with_options(&package, Kernel::detect(), threads)?;
+    let mut target = CpuTarget::with_options(&package, args.kernel.resolve()?, threads)?;
     args.head.apply(&mut target)?;
     let vocab = package.config.vocab_size;
     let threads = target.threads();

@@ -55,6 +55,34 @@ pub struct RunArgs {
     /// (tied models), or auto (the embedding when the tiles were re-quantized from it).
     #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
     pub head: HeadArg,
+    /// Matmul kernel (auto: the fastest this CPU supports).
+    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
+    pub kernel: KernelArg,
+}
+
+/// `--kernel` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelArg {
+    Auto,
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl KernelArg {
+    /// The kernel to run, refused by name when this CPU lacks it.
+    pub fn resolve(self) -> Result<Kernel> {
+        let wanted = match self {
+            KernelArg::Auto => return Ok(Kernel::detect()),
+            KernelArg::Scalar => Kernel::Scalar,
+            KernelArg::Avx2 => Kernel::Avx2,
+            KernelArg::Avx512 => Kernel::Avx512,
+        };
+        if !Kernel::available().contains(&wanted) {
+            bail!("--kernel {}: this CPU does not support it", wanted.name());
+        }
+        Ok(wanted)
+    }
 }
 
 /// `--head` values.
@@ -129,7 +157,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let package = TargetPackage::open(&args.model)?;
     let text = Text::open(&args.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let mut target = CpuTarget::with_options(&package, Kernel::detect(), threads)?;
+    let mut target = CpuTarget::with_options(&package, args.kernel.resolve()?, threads)?;
     args.head.apply(&mut target)?;
     let mut sampler = Sampler::new(SamplingConfig {
         temperature: args.temp,

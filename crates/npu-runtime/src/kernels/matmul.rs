@@ -26,6 +26,8 @@ pub enum Kernel {
     Scalar,
     /// x86-64 AVX-512F, 16 rows per vector.
     Avx512,
+    /// x86-64 AVX2 + FMA, 8 rows per vector.
+    Avx2,
 }
 
 impl Kernel {
@@ -36,6 +38,9 @@ impl Kernel {
             if std::is_x86_feature_detected!("avx512f") {
                 return Kernel::Avx512;
             }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Kernel::Avx2;
+            }
         }
         Kernel::Scalar
     }
@@ -45,7 +50,23 @@ impl Kernel {
         match self {
             Kernel::Scalar => "scalar",
             Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
         }
+    }
+
+    /// Every kernel this CPU can run, the scalar one first (tests compare them all).
+    pub fn available() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                all.push(Kernel::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                all.push(Kernel::Avx512);
+            }
+        }
+        all
     }
 }
 
@@ -136,8 +157,11 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], kernel: Kernel) 
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::Avx512` is only chosen after run-time detection of avx512f.
             Kernel::Avx512 => unsafe { avx512::block(w, rb, x, n, &sums, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Kernel::Avx2` is only chosen after run-time detection of avx2 and fma.
+            Kernel::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx512 => block_scalar(w, rb, x, n, &sums, out),
+            Kernel::Avx512 | Kernel::Avx2 => block_scalar(w, rb, x, n, &sums, out),
         });
     for rb in 0..blocks {
         for r in 0..TILE_ROWS {
@@ -301,6 +325,110 @@ mod avx512 {
                 _ => chunk::<8>(w, rb, x, i0, sums, n, out),
             }
             i0 += 8;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use q4nx_format::{Q4Matrix, GROUP_COLS, MIN_OFFSET, NIBBLE_OFFSET, TILE_COLS, TILE_ROWS};
+
+    /// Eight bf16 values as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_bf16x8(p: *const u8) -> __m256 {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    }
+
+    /// Processes inputs `i0 .. i0 + R` of one row block; each 16-row group is two
+    /// 8-lane halves, with the same per-lane operations as the scalar kernel.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn chunk<const R: usize>(
+        w: &Q4Matrix,
+        rb: usize,
+        x: &[f32],
+        i0: usize,
+        sums: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let k = w.cols();
+        let groups = k / GROUP_COLS;
+        let mask = _mm_set1_epi8(0x0f);
+        let mut y = [[_mm256_setzero_ps(); 4]; R];
+        for g in 0..groups {
+            let col0 = g * GROUP_COLS;
+            let tile = w.tile(rb, col0 / TILE_COLS).as_ptr();
+            let gi = (col0 % TILE_COLS) / GROUP_COLS;
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            for c in (0..GROUP_COLS).step_by(2) {
+                let col = gi * GROUP_COLS + c;
+                for rg in 0..2 {
+                    let p = tile.add(NIBBLE_OFFSET + rg * TILE_COLS * 8 + col * 8);
+                    let bytes = _mm_loadu_si128(p as *const __m128i);
+                    let lo = _mm_and_si128(bytes, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+                    let c0 = _mm_unpacklo_epi8(lo, hi);
+                    let c1 = _mm_unpackhi_epi8(lo, hi);
+                    let w00 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c0));
+                    let w01 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8)));
+                    let w10 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1));
+                    let w11 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8)));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let xi = x.as_ptr().add((i0 + r) * k + col0 + c);
+                        let (x0, x1) = (_mm256_set1_ps(*xi), _mm256_set1_ps(*xi.add(1)));
+                        a[2 * rg] = _mm256_fmadd_ps(w00, x0, a[2 * rg]);
+                        a[2 * rg + 1] = _mm256_fmadd_ps(w01, x0, a[2 * rg + 1]);
+                        a[2 * rg] = _mm256_fmadd_ps(w10, x1, a[2 * rg]);
+                        a[2 * rg + 1] = _mm256_fmadd_ps(w11, x1, a[2 * rg + 1]);
+                    }
+                }
+            }
+            for q in 0..4 {
+                let s = gi * TILE_ROWS + q * 8;
+                let d = load_bf16x8(tile.add(2 * s));
+                let m = load_bf16x8(tile.add(MIN_OFFSET + 2 * s));
+                for r in 0..R {
+                    let sx = _mm256_set1_ps(sums[(i0 + r) * groups + g]);
+                    let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(d, acc[r][q]));
+                    y[r][q] = _mm256_add_ps(y[r][q], t);
+                }
+            }
+        }
+        let mut lanes = [0f32; 8];
+        for (r, yr) in y.iter().enumerate() {
+            for (q, v) in yr.iter().enumerate() {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
+                for (l, &value) in lanes.iter().enumerate() {
+                    out[(q * 8 + l) * n + i0 + r] = value;
+                }
+            }
+        }
+    }
+
+    /// One 32-row block for all inputs. `out[r * n + i]`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block(
+        w: &Q4Matrix,
+        rb: usize,
+        x: &[f32],
+        n: usize,
+        sums: &[f32],
+        out: &mut [f32],
+    ) {
+        let mut i0 = 0;
+        while i0 < n {
+            match n - i0 {
+                1 => chunk::<1>(w, rb, x, i0, sums, n, out),
+                2 => chunk::<2>(w, rb, x, i0, sums, n, out),
+                3 => chunk::<3>(w, rb, x, i0, sums, n, out),
+                _ => chunk::<4>(w, rb, x, i0, sums, n, out),
+            }
+            i0 += 4;
         }
     }
 }
