@@ -1,31 +1,20 @@
 //! `onebit bench --model DIR`: how fast the target runs on this machine, and how far
 //! that is from the machine's memory bandwidth.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use npu_runtime::{CpuTarget, Forward, TargetPackage};
+use npu_runtime::Forward;
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::run::{check_threads, HeadArg, KernelArg};
+use crate::run::TargetArgs;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// The target package directory.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Which weights make the logits (see `onebit run --help`).
-    #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
-    pub head: HeadArg,
-    /// Matmul kernel (auto: the fastest this CPU supports).
-    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
-    pub kernel: KernelArg,
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Decode steps to time.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
@@ -69,10 +58,8 @@ fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let threads = check_threads(args.threads)?;
-    let package = TargetPackage::open(&args.model)?;
-    let mut target = CpuTarget::with_options(&package, args.kernel.resolve()?, threads)?;
-    args.head.apply(&mut target)?;
+    let package = args.target.package()?;
+    let mut target = args.target.target(&package)?;
     let vocab = package.config.vocab_size;
     let threads = target.threads();
 
@@ -123,7 +110,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!(
             "{}",
             json!({
-                "model": args.model.display().to_string(),
+                "model": args.target.model.display().to_string(),
                 "threads": threads,
                 "kernel": target.kernel().name(),
                 "head": format!("{:?}", target.head()).to_lowercase(),
@@ -140,7 +127,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         println!(
             "{}: {} threads, {} kernel, {:?} head",
-            args.model.display(),
+            args.target.model.display(),
             threads,
             target.kernel().name(),
             target.head()

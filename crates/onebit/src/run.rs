@@ -13,11 +13,45 @@ use serde_json::json;
 use crate::sample::{Sampler, SamplingConfig};
 use crate::text::{render_chat, StreamDecoder, Text};
 
+/// How to open and run a target package; shared by `run` and `bench`.
 #[derive(Args)]
-pub struct RunArgs {
+pub struct TargetArgs {
     /// The target package directory (config.json, model.q4nx, tokenizer.json).
     #[arg(long)]
     pub model: PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Which weights make the logits: the package's lm_head tiles, the BF16 embedding
+    /// (tied models), or auto (the embedding when the tiles were re-quantized from it).
+    #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
+    pub head: HeadArg,
+    /// Matmul kernel (auto: the fastest this CPU supports).
+    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
+    pub kernel: KernelArg,
+}
+
+impl TargetArgs {
+    /// Opens and checks the package.
+    pub fn package(&self) -> Result<TargetPackage> {
+        Ok(TargetPackage::open(&self.model)?)
+    }
+
+    /// A CPU target over `package` with these options.
+    pub fn target<'a>(&self, package: &'a TargetPackage) -> Result<CpuTarget<'a>> {
+        if self.threads == Some(0) {
+            bail!("--threads must be at least 1");
+        }
+        let mut target = CpuTarget::with_options(package, self.kernel.resolve()?, self.threads)?;
+        self.head.apply(&mut target)?;
+        Ok(target)
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// The prompt; read from standard input when neither this nor --prompt-tokens is given.
     #[arg(long, conflicts_with = "prompt_tokens")]
     pub prompt: Option<String>,
@@ -48,16 +82,6 @@ pub struct RunArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Which weights make the logits: the package's lm_head tiles, the BF16 embedding
-    /// (tied models), or auto (the embedding when the tiles were re-quantized from it).
-    #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
-    pub head: HeadArg,
-    /// Matmul kernel (auto: the fastest this CPU supports).
-    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
-    pub kernel: KernelArg,
 }
 
 /// `--kernel` values.
@@ -104,14 +128,6 @@ impl HeadArg {
     }
 }
 
-/// Checks a `--threads` value (None: all cores).
-pub fn check_threads(threads: Option<usize>) -> Result<Option<usize>> {
-    if threads == Some(0) {
-        bail!("--threads must be at least 1");
-    }
-    Ok(threads)
-}
-
 /// The prompt as token ids, and its text when there is one.
 pub fn prompt_ids(
     args: &RunArgs,
@@ -153,12 +169,10 @@ pub fn prompt_ids(
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
-    let threads = check_threads(args.threads)?;
-    let package = TargetPackage::open(&args.model)?;
-    let text = Text::open(&args.model).ok();
+    let package = args.target.package()?;
+    let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let mut target = CpuTarget::with_options(&package, args.kernel.resolve()?, threads)?;
-    args.head.apply(&mut target)?;
+    let mut target = args.target.target(&package)?;
     let mut sampler = Sampler::new(SamplingConfig {
         temperature: args.temp,
         top_p: args.top_p,

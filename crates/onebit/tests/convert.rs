@@ -1,22 +1,17 @@
 //! `onebit convert` as a user runs it: byte-identical containers, a config that
 //! matches the model, and a tokenizer.json that really encodes.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
+use common::{fixture, onebit};
 
-use assert_cmd::Command;
+use std::collections::HashMap;
+use std::path::Path;
+
 use predicates::prelude::*;
 use serde_json::Value;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
-        .join(name)
-}
-
 fn convert(gguf: &Path, out: &Path) -> String {
-    let output = Command::cargo_bin("onebit")
-        .unwrap()
+    let output = onebit()
         .args(["convert", "--quiet"])
         .arg(gguf)
         .arg(out)
@@ -191,8 +186,7 @@ fn tiny_qwen3_package_is_byte_identical() {
         &json(&out.join("config.json")),
         &json(&fixture("tiny-qwen3/config.json")),
     );
-    Command::cargo_bin("onebit")
-        .unwrap()
+    onebit()
         .arg("inspect")
         .arg(&out)
         .assert()
@@ -207,8 +201,7 @@ fn existing_package_is_not_overwritten_without_force() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pkg");
     convert(&fixture("tiny-qwen3/model.Q4_1.gguf"), &out);
-    Command::cargo_bin("onebit")
-        .unwrap()
+    onebit()
         .args(["convert", "--quiet"])
         .arg(fixture("tiny-qwen3/model.Q4_1.gguf"))
         .arg(&out)
@@ -222,8 +215,7 @@ fn existing_package_is_not_overwritten_without_force() {
 #[test]
 fn a_q4nx_file_is_refused_as_gguf_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    Command::cargo_bin("onebit")
-        .unwrap()
+    onebit()
         .args(["convert", "--quiet"])
         .arg(fixture("tiny-qwen3/model.q4nx"))
         .arg(dir.path().join("pkg"))

@@ -1,19 +1,9 @@
 //! `onebit inspect` run as a user runs it.
 
-use std::path::PathBuf;
+mod common;
+use common::{fixture, onebit};
 
-use assert_cmd::Command;
 use predicates::prelude::*;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
-        .join(name)
-}
-
-fn onebit() -> Command {
-    Command::cargo_bin("onebit").unwrap()
-}
 
 #[test]
 fn file_inventory_line_and_histogram() {

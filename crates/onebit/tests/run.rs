@@ -1,20 +1,10 @@
 //! `onebit run` and `onebit bench` as a user runs them.
 
-use std::path::PathBuf;
+mod common;
+use common::{fixture, onebit};
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
-        .join(name)
-}
-
-fn onebit() -> Command {
-    Command::cargo_bin("onebit").unwrap()
-}
 
 /// Greedy decoding from the reference prompt reproduces transformers' 24 greedy tokens
 /// (every margin in both fixtures is above 0.02, far over the forward's 3e-5 error).

@@ -55,7 +55,11 @@ fn unknown_architecture_is_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let gguf = GgufFile::open(&path).unwrap();
     let err = GgufConverter::new(&gguf).err().unwrap().to_string();
-    assert!(err.starts_with("convert: ") && err.ends_with("architecture 'gemma' is not supported (supported: llama, qwen3)"), "{err}");
+    assert!(
+        err.starts_with("convert: ")
+            && err.ends_with("architecture 'gemma' is not supported (supported: llama, qwen3)"),
+        "{err}"
+    );
 }
 
 /// A tensor the architecture has no place for is refused by name.
@@ -69,6 +73,14 @@ fn unknown_tensor_is_refused_by_name() {
     let path = dir.path().join("odd.gguf");
     std::fs::write(&path, bytes).unwrap();
     let gguf = GgufFile::open(&path).unwrap();
-    let err = GgufConverter::new(&gguf).unwrap().convert(&|_, _| {}).err().unwrap().to_string();
-    assert!(err.ends_with("tensor 'output_xorm.weight' has no place in a qwen3 package"), "{err}");
+    let err = GgufConverter::new(&gguf)
+        .unwrap()
+        .convert(&|_, _| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.ends_with("tensor 'output_xorm.weight' has no place in a qwen3 package"),
+        "{err}"
+    );
 }

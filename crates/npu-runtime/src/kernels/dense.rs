@@ -21,6 +21,11 @@ pub fn reference_dot(w: &[u8], x: &[f32]) -> f32 {
         let wv = bf16::from_le_bytes([w[2 * c], w[2 * c + 1]]).to_f32();
         acc[c % LANES] = wv.mul_add(xv, acc[c % LANES]);
     }
+    reduce_lanes(acc)
+}
+
+/// The fixed reduction tree over the sixteen lane sums.
+fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -90,12 +95,5 @@ unsafe fn avx512_dot(w: &[u8], x: &[f32]) -> f32 {
     }
     let mut lanes = [0f32; LANES];
     _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            lanes[j] += lanes[j + width];
-        }
-    }
-    lanes[0]
+    reduce_lanes(lanes)
 }

@@ -1,0 +1,16 @@
+//! Helpers shared by the CLI tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// A file or folder of `../shared/fixtures`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+/// The `onebit` binary under test.
+pub fn onebit() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("onebit").unwrap()
+}
