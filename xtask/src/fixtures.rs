@@ -108,10 +108,38 @@ pub fn tiny_demo() -> Result<(Vec<u8>, String)> {
     Ok((w.to_bytes(), config))
 }
 
-pub fn run(_args: &[String]) -> Result<()> {
+/// Where the generated (uncommitted) fixtures go.
+pub fn generated_dir() -> std::path::PathBuf {
+    crate::workspace_root().join("target/fixtures")
+}
+
+pub fn run(args: &[String]) -> Result<()> {
     let dir = crate::workspace_root().join("fixtures/tiny-demo");
     write_tiny_demo(&dir)?;
     println!("fixtures: wrote {}", dir.display());
+    let out = generated_dir();
+    let small = out.join("draft-small");
+    dflash_draft::synthetic::write_synthetic(&small, &dflash_draft::synthetic::small_config(), 42)?;
+    println!(
+        "fixtures: wrote {} (small synthetic DFlash draft)",
+        small.display()
+    );
+    if !args.iter().any(|a| a == "--no-bolt") {
+        let start = std::time::Instant::now();
+        let bolt = out.join("bolt-draft");
+        dflash_draft::synthetic::write_synthetic(
+            &bolt,
+            &dflash_draft::synthetic::bolt_config(),
+            2026,
+        )?;
+        let bytes = std::fs::metadata(bolt.join(dflash_draft::DEFAULT_WEIGHTS))?.len();
+        println!(
+            "fixtures: wrote {} (Bolt geometry: {bytes} bytes of weights, {:+} vs the real package's 270406816; {:.1} s)",
+            bolt.display(),
+            bytes as i64 - 270_406_816,
+            start.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 

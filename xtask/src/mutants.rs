@@ -25,6 +25,34 @@ pub struct Mutant {
 /// The catalogue. Keep each `find` unique in its file.
 pub const MUTANTS: &[Mutant] = &[
     Mutant {
+        name: "draft-decode-fusion-in-stored-order",
+        file: "crates/dflash-draft/src/package.rs",
+        find: "out[(b * 32 + r) * w + col] = bf16::from_le_bytes([pair[0], pair[1]]).to_f32();",
+        replace: "let _ = (b, r, col); out[i] = bf16::from_le_bytes([pair[0], pair[1]]).to_f32();",
+        tests: &["-p", "dflash-draft", "--test", "loader", "--test", "import"],
+    },
+    Mutant {
+        name: "draft-unexplained-tensor-check-off",
+        file: "crates/dflash-draft/src/package.rs",
+        find: ".find(|t| !expected.iter().any(|e| e == t.name))",
+        replace: ".find(|t| false && !expected.iter().any(|e| e == t.name))",
+        tests: &["-p", "dflash-draft", "--test", "loader"],
+    },
+    Mutant {
+        name: "draft-scalar-comparison-skipped",
+        file: "crates/dflash-draft/src/package.rs",
+        find: "if t.shape != [want.len()] || found != want {",
+        replace: "if false {",
+        tests: &["-p", "dflash-draft", "--test", "loader"],
+    },
+    Mutant {
+        name: "tile-count-check-off-by-one",
+        file: "crates/q4nx-format/src/tile.rs",
+        find: "if tensor.shape != [tiles, TILE_BYTES] {",
+        replace: "if tensor.shape != [tiles, TILE_BYTES] && tensor.shape != [tiles - 1, TILE_BYTES] {",
+        tests: &["-p", "dflash-draft", "--test", "loader"],
+    },
+    Mutant {
         name: "writer-tensors-unsorted",
         file: "crates/q4nx-format/src/writer.rs",
         find: "order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));",

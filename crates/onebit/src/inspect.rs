@@ -90,6 +90,10 @@ fn inspect_dir(dir: &Path, tensors: bool, out: &mut impl Write) -> Result<()> {
             dir.display()
         );
     }
+    if is_draft_package(&config_path) {
+        let draft = dflash_draft::load_draft(dir)?;
+        writeln!(out, "draft package: {}", draft.inventory_line())?;
+    }
     if config_path.exists() {
         let text = std::fs::read_to_string(&config_path)
             .with_context(|| format!("inspect: {}: cannot read", config_path.display()))?;
@@ -101,6 +105,19 @@ fn inspect_dir(dir: &Path, tensors: bool, out: &mut impl Write) -> Result<()> {
         inspect_file(&c, tensors, out)?;
     }
     Ok(())
+}
+
+/// Whether `config.json` declares a DFlash draft (the loader then checks everything).
+fn is_draft_package(config_path: &Path) -> bool {
+    std::fs::read_to_string(config_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .is_some_and(|v| {
+            matches!(
+                v.get("model_type").and_then(Value::as_str),
+                Some("dflash" | "dflash2")
+            )
+        })
 }
 
 /// One line from a Hugging Face style `config.json`.

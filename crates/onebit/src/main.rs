@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod convert;
+mod convert_draft;
 mod inspect;
 mod run;
 mod sample;
@@ -29,6 +30,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Convert a GGUF model (Llama, Qwen3) to a Q4NX target package.
     Convert(convert::ConvertArgs),
+    /// Convert a z-lab (Hugging Face) DFlash draft into an NPU draft package.
+    ConvertDraft(convert_draft::ConvertDraftArgs),
     /// Generate text with a target package (greedy or sampled), streaming it.
     Run(run::RunArgs),
     /// Measure prefill and decode speed, n-row pass costs and memory bandwidth.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::ConvertDraft(args) => convert_draft::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),
     };

@@ -1,0 +1,165 @@
+//! Synthetic draft packages made from formulas, so tests can compare every decoded
+//! element with its known value: tiles are written group by group from a formula
+//! (`d`, `m` bf16, codes 0..15), gains and the fusion matrix are bf16 formulas. The
+//! fusion matrix has row structure (a magnitude per input column, shared by all rows),
+//! so the orientation check has something to detect.
+
+use std::path::Path;
+
+use half::bf16;
+use q4nx_format::{Q4Group, TileBuilder, GROUP_COLS};
+
+use crate::builder::PackageBuilder;
+use crate::config::{DraftConfig, DEFAULT_WEIGHTS};
+use crate::error::Result;
+use crate::package::{Gain, Projection};
+
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn unit(seed: u64, a: u64, b: u64) -> f32 {
+    (mix(seed ^ mix(a ^ mix(b))) >> 40) as f32 / (1u64 << 24) as f32
+}
+
+fn projection_id(layer: usize, which: Projection) -> u64 {
+    (layer * 16
+        + Projection::ALL
+            .iter()
+            .position(|&p| p == which)
+            .unwrap_or(0)) as u64
+}
+
+/// The group parameters of projection `which` of `layer`, row `row`, group `g`.
+pub fn projection_group(
+    seed: u64,
+    layer: usize,
+    which: Projection,
+    row: usize,
+    g: usize,
+) -> Q4Group {
+    let id = projection_id(layer, which);
+    let key = (row as u64) << 24 | g as u64;
+    let d = bf16::from_f32(0.002 + 0.01 * unit(seed, id, key));
+    let m = bf16::from_f32(-7.5 * d.to_f32() + 0.01 * (unit(seed, id + 1000, key) - 0.5));
+    let mut q = [0u8; GROUP_COLS];
+    for (i, qi) in q.iter_mut().enumerate() {
+        *qi = (mix(seed ^ mix(id ^ mix(key ^ mix(i as u64)))) % 16) as u8;
+    }
+    Q4Group { d, m, q }
+}
+
+/// The value a synthetic projection holds at (row, col).
+pub fn projection_value(seed: u64, layer: usize, which: Projection, row: usize, col: usize) -> f32 {
+    let g = projection_group(seed, layer, which, row, col / GROUP_COLS);
+    g.d.to_f32() * g.q[col % GROUP_COLS] as f32 + g.m.to_f32()
+}
+
+/// A synthetic gain; post-attention gains hold one slightly negative value, as real
+/// packages do.
+pub fn gain_value(seed: u64, gain: Gain, i: usize) -> f32 {
+    let id = match gain {
+        Gain::Input(l) => 100 + l as u64 * 4,
+        Gain::PostAttention(l) => 101 + l as u64 * 4,
+        Gain::QNorm(l) => 102 + l as u64 * 4,
+        Gain::KNorm(l) => 103 + l as u64 * 4,
+        Gain::Hidden => 90,
+        Gain::Final => 91,
+    };
+    if matches!(gain, Gain::PostAttention(_)) && i == 7 {
+        return bf16::from_f32(-0.0016).to_f32();
+    }
+    bf16::from_f32(0.5 + unit(seed, id, i as u64)).to_f32()
+}
+
+/// The synthetic fusion matrix `W[row][col]` (bf16 values): a pseudo-normal value
+/// scaled by a per-column magnitude.
+pub fn fusion_value(seed: u64, row: usize, col: usize) -> f32 {
+    let scale = (2.0 * unit(seed, 77, col as u64)).exp();
+    let (u1, u2) = (
+        unit(seed, 78, ((row as u64) << 32) | col as u64).max(1e-7),
+        unit(seed, 79, ((row as u64) << 32) | col as u64),
+    );
+    let z = (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
+    bf16::from_f32(0.01 * scale * z).to_f32()
+}
+
+/// A small geometry for tests: 2 layers, hidden 64, intermediate 128, 4 heads / 2 kv x 16,
+/// block 4, taps 1 3.
+pub fn small_config() -> DraftConfig {
+    DraftConfig {
+        num_layers: 2,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        block_size: 4,
+        mask_token_id: 511,
+        target_layer_ids: vec![1, 3],
+        sliding_window: None,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-6,
+        embedding_scale: 1.0,
+        vocab_size: Some(512),
+        max_position_embeddings: 2048,
+        weights: DEFAULT_WEIGHTS.into(),
+    }
+}
+
+/// The Bolt geometry measured on `Nemotron-3.5-Bolt-E4B-DFlash-NPU2`.
+pub fn bolt_config() -> DraftConfig {
+    DraftConfig {
+        num_layers: 5,
+        hidden_size: 2560,
+        intermediate_size: 5120,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        block_size: 8,
+        mask_token_id: 262_143,
+        target_layer_ids: vec![5, 11, 17, 23, 35],
+        sliding_window: Some(2048),
+        rope_theta: 1_000_000.0,
+        rms_norm_eps: 1e-6,
+        embedding_scale: 1.0,
+        vocab_size: Some(262_144),
+        max_position_embeddings: 131_072,
+        weights: DEFAULT_WEIGHTS.into(),
+    }
+}
+
+/// Writes a synthetic package for `config` into `dir`.
+pub fn write_synthetic(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()> {
+    let mut b = PackageBuilder::new(config.clone());
+    for layer in 0..config.num_layers {
+        for which in Projection::ALL {
+            let (n, k) = which.shape(config);
+            let mut tiles = TileBuilder::new(n, k)?;
+            for row in 0..n {
+                for g in 0..k / GROUP_COLS {
+                    tiles.set_group(row, g, &projection_group(seed, layer, which, row, g));
+                }
+            }
+            b.projection_tiles(layer, which, tiles.finish())?;
+        }
+    }
+    for gain in Gain::all(config.num_layers) {
+        let values: Vec<f32> = (0..gain.len(config))
+            .map(|i| gain_value(seed, gain, i))
+            .collect();
+        b.gain(gain, &values)?;
+    }
+    let (h, w) = (config.hidden_size, config.context_width());
+    let mut fc = Vec::with_capacity(h * w);
+    for r in 0..h {
+        for c in 0..w {
+            fc.push(fusion_value(seed, r, c));
+        }
+    }
+    b.fusion(&fc)?;
+    b.write(dir, None)
+}

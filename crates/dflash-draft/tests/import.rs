@@ -1,0 +1,107 @@
+//! Importing z-lab's DFlash draft (`../shared/fixtures/dflash-ref/draft`): lossless for
+//! every projection and norm; the fusion matrix is BF16 in NPU packages, so it comes
+//! back as exactly the bf16 rounding of each source value.
+
+use std::path::PathBuf;
+
+use dflash_draft::{fusion_orientation, import_zlab, load_draft, Gain, Projection, TargetShape};
+use q4nx_format::Container;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn ref_target() -> TargetShape {
+    TargetShape {
+        name: "dflash-ref/target".into(),
+        num_layers: 4,
+        hidden_size: 128,
+        vocab_size: 512,
+    }
+}
+
+#[test]
+fn dflash_ref_draft_imports_losslessly() {
+    let out = tempfile::tempdir().unwrap();
+    let report = import_zlab(
+        &fixture("dflash-ref/draft"),
+        out.path(),
+        Some(&ref_target()),
+    )
+    .unwrap();
+    assert_eq!(
+        report.max_projection_error, 0.0,
+        "projections are q4_1-representable"
+    );
+    assert_eq!(report.max_gain_error, 0.0, "gains are bf16-representable");
+    eprintln!("{report:?}");
+    assert_eq!(report.inventory, format!("31 tensors, {} bytes; 2 layers, hidden 128, intermediate 256, 4 heads / 2 kv x 32, block 8, taps 0 2 3", std::fs::metadata(out.path().join("dflash_weight.q4nx")).unwrap().len()));
+
+    // Element by element against the source floats.
+    let src = Container::open(fixture("dflash-ref/draft/model.safetensors")).unwrap();
+    let draft = load_draft(out.path()).unwrap();
+    assert_eq!(draft.config.mask_token_id, 511);
+    assert_eq!(draft.config.target_layer_ids, [0, 2, 3]);
+    for layer in 0..2 {
+        for which in Projection::ALL {
+            let name = which.tensor_name(layer);
+            let want = src
+                .tensor(name.trim_start_matches("model."))
+                .unwrap()
+                .to_f32()
+                .unwrap();
+            let got = draft.decode_projection(layer, which).unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}"
+            );
+        }
+    }
+    for gain in Gain::all(2) {
+        let name = gain.tensor_name();
+        let want = src
+            .tensor(name.trim_start_matches("model."))
+            .unwrap()
+            .to_f32()
+            .unwrap();
+        assert_eq!(draft.decode_gain(gain).unwrap(), want, "{name}");
+    }
+    let fc = src.tensor("fc.weight").unwrap().to_f32().unwrap();
+    let got = draft.decode_fusion().unwrap();
+    assert!(got
+        .iter()
+        .zip(&fc)
+        .all(|(a, b)| *a == half::bf16::from_f32(*b).to_f32()));
+    // A trained draft's fusion matrix: the declared order reads consistently.
+    let o = fusion_orientation(&draft).unwrap();
+    eprintln!("orientation {o:?}");
+}
+
+#[test]
+fn import_refuses_a_bad_pairing_and_a_non_draft() {
+    let out = tempfile::tempdir().unwrap();
+    let small = TargetShape {
+        num_layers: 3,
+        ..ref_target()
+    };
+    let msg = import_zlab(&fixture("dflash-ref/draft"), out.path(), Some(&small))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("target_layer_ids names layer 3, but the target has 3 layers"),
+        "{msg}"
+    );
+    let msg = import_zlab(&fixture("dflash-ref/target"), out.path(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(
+            "[0] is 'Qwen3ForCausalLM', not 'DFlashDraftModel' (not a z-lab DFlash draft)"
+        ),
+        "{msg}"
+    );
+}

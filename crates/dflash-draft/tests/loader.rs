@@ -1,0 +1,457 @@
+//! The draft loader: a formula-built package decoded element by element, and every
+//! refusal matched on its message.
+
+use std::path::Path;
+
+use dflash_draft::synthetic::{
+    fusion_value, gain_value, projection_value, small_config, write_synthetic,
+};
+use dflash_draft::{
+    fusion_orientation, load_draft, load_draft_with, Gain, LoadOptions, Projection, TargetShape,
+    FUSION,
+};
+use q4nx_format::{Container, ContainerWriter, Dtype};
+use serde_json::Value;
+
+const SEED: u64 = 42;
+
+fn package() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), SEED).unwrap();
+    dir
+}
+
+#[test]
+fn synthetic_package_decodes_element_by_element() {
+    let dir = package();
+    let draft = load_draft(dir.path()).unwrap();
+    let c = &draft.config;
+    let mut checked = 0usize;
+    for layer in 0..c.num_layers {
+        for which in Projection::ALL {
+            let (n, k) = which.shape(c);
+            let values = draft.decode_projection(layer, which).unwrap();
+            for r in 0..n {
+                for col in 0..k {
+                    assert_eq!(
+                        values[r * k + col],
+                        projection_value(SEED, layer, which, r, col),
+                        "{which:?} {layer} ({r},{col})"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    for gain in Gain::all(c.num_layers) {
+        let values = draft.decode_gain(gain).unwrap();
+        assert_eq!(
+            values,
+            (0..gain.len(c))
+                .map(|i| gain_value(SEED, gain, i))
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(
+        draft
+            .decode_gain(Gain::PostAttention(0))
+            .unwrap()
+            .iter()
+            .any(|&g| g < 0.0),
+        "negative gains are accepted"
+    );
+    let fc = draft.decode_fusion().unwrap();
+    let w = c.context_width();
+    for r in 0..c.hidden_size {
+        for col in 0..w {
+            assert_eq!(fc[r * w + col], fusion_value(SEED, r, col));
+        }
+    }
+    assert_eq!(checked, 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3));
+    assert_eq!(
+        draft.inventory_line(),
+        format!("{} tensors, {} bytes; 2 layers, hidden 64, intermediate 128, 4 heads / 2 kv x 16, block 4, taps 1 3", 2 * 11 + 3 + 6, draft.file_bytes())
+    );
+    let o = fusion_orientation(&draft).unwrap();
+    assert!(o.confirms_declared_order(), "{o:?}");
+}
+
+// ---- refusals ----
+
+fn config_of(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
+fn set_config(dir: &Path, edit: impl Fn(&mut Value)) {
+    let mut c = config_of(dir);
+    edit(&mut c);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+}
+
+/// Rewrites the container: drops tensors `keep` rejects, replaces/adds `extra`.
+fn rewrite(
+    dir: &Path,
+    keep: impl Fn(&str) -> bool,
+    extra: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>,
+) {
+    let path = dir.join("dflash_weight.q4nx");
+    let c = Container::read(&path).unwrap();
+    let mut w = ContainerWriter::new();
+    for t in c
+        .tensors()
+        .filter(|t| keep(t.name) && !extra.iter().any(|e| e.0 == t.name))
+    {
+        w.add(t.name, t.dtype, t.shape, t.bytes.to_vec()).unwrap();
+    }
+    for (name, dtype, shape, bytes) in extra {
+        w.add(name, dtype, &shape, bytes).unwrap();
+    }
+    drop(c);
+    w.write_file(&path).unwrap();
+}
+
+fn refused(dir: &Path, expect: &[&str]) {
+    let msg = match load_draft_with(
+        dir,
+        LoadOptions {
+            verify_manifest: false,
+        },
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(msg.starts_with("dflash draft: "), "{msg}");
+    for piece in expect {
+        assert!(msg.contains(piece), "{msg:?} lacks {piece:?}");
+    }
+}
+
+#[test]
+fn missing_tensor() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |n| n != "model.layers.1.mlp.down_proj.weight",
+        vec![],
+    );
+    refused(
+        d.path(),
+        &["no tensor named 'model.layers.1.mlp.down_proj.weight'"],
+    );
+}
+
+#[test]
+fn too_few_tiles() {
+    let d = package();
+    let c = Container::read(d.path().join("dflash_weight.q4nx")).unwrap();
+    let t = c.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    let short = t.bytes[..t.bytes.len() - 5120].to_vec();
+    let rows = t.shape[0] - 1;
+    drop(c);
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.layers.0.self_attn.q_proj.weight",
+            Dtype::I8,
+            vec![rows, 5120],
+            short,
+        )],
+    );
+    refused(
+        d.path(),
+        &[
+            "model.layers.0.self_attn.q_proj.weight",
+            "not the q4_1 tile grid of 64 x 64",
+        ],
+    );
+}
+
+#[test]
+fn tensor_of_another_architecture() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.layers.0.mlp.experts.0.up_proj.weight",
+            Dtype::I8,
+            vec![1, 5120],
+            vec![0; 5120],
+        )],
+    );
+    refused(
+        d.path(),
+        &["tensor 'model.layers.0.mlp.experts.0.up_proj.weight' is not part of a DFlash draft"],
+    );
+}
+
+#[test]
+fn wrong_dtype_label() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![("model.norm.weight", Dtype::F16, vec![64], vec![0; 128])],
+    );
+    refused(
+        d.path(),
+        &["tensor 'model.norm.weight' has dtype F16, expected BF16"],
+    );
+}
+
+#[test]
+fn plain_row_major_fusion_matrix() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(FUSION, Dtype::BF16, vec![64, 128], vec![0; 64 * 128 * 2])],
+    );
+    refused(
+        d.path(),
+        &[
+            "tensor 'model.fc.weight' is plain row-major [64, 128]",
+            "[2, 128, 32]",
+        ],
+    );
+}
+
+#[test]
+fn scalar_block_size_disagrees() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "dflash.block_size",
+            Dtype::I64,
+            vec![1],
+            8i64.to_le_bytes().to_vec(),
+        )],
+    );
+    refused(
+        d.path(),
+        &[
+            "scalar 'dflash.block_size' is [8.0]",
+            "but [4.0] in config.json ('block_size')",
+        ],
+    );
+}
+
+#[test]
+fn scalar_taps_disagree() {
+    let d = package();
+    let bytes: Vec<u8> = [1i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![("dflash.target_layer_ids", Dtype::I64, vec![2], bytes)],
+    );
+    refused(
+        d.path(),
+        &[
+            "scalar 'dflash.target_layer_ids' is [1.0, 2.0]",
+            "('target_layer_ids')",
+        ],
+    );
+}
+
+#[test]
+fn scalar_rope_theta_disagrees() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "dflash.rope_theta",
+            Dtype::F32,
+            vec![1],
+            1e6f32.to_le_bytes().to_vec(),
+        )],
+    );
+    refused(
+        d.path(),
+        &[
+            "scalar 'dflash.rope_theta' is [1000000.0]",
+            "('rope_theta')",
+        ],
+    );
+}
+
+#[test]
+fn missing_scalar() {
+    let d = package();
+    rewrite(d.path(), |n| n != "dflash.rms_eps", vec![]);
+    refused(d.path(), &["no tensor named 'dflash.rms_eps'"]);
+}
+
+#[test]
+fn dflash2_is_refused_by_name() {
+    let d = package();
+    set_config(d.path(), |c| {
+        c["architectures"] = serde_json::json!(["DFlash2DraftModel"])
+    });
+    refused(
+        d.path(),
+        &[
+            "'DFlash2DraftModel': DFlash 2 packages",
+            "not supported yet",
+        ],
+    );
+}
+
+#[test]
+fn model_type_not_dflash() {
+    let d = package();
+    set_config(d.path(), |c| c["model_type"] = "qwen3".into());
+    refused(d.path(), &["key 'model_type' is 'qwen3', not 'dflash'"]);
+}
+
+#[test]
+fn architecture_not_dflash() {
+    let d = package();
+    set_config(d.path(), |c| {
+        c["architectures"] = serde_json::json!(["Qwen3ForCausalLM"])
+    });
+    refused(
+        d.path(),
+        &["key 'architectures' [0] is 'Qwen3ForCausalLM', not 'DFlashDraftModel'"],
+    );
+}
+
+#[test]
+fn missing_mask_token_id() {
+    let d = package();
+    set_config(d.path(), |c| {
+        drop(c.as_object_mut().unwrap().remove("mask_token_id"))
+    });
+    refused(
+        d.path(),
+        &["key 'mask_token_id' is missing; no usable 'mask_token_id'"],
+    );
+}
+
+#[test]
+fn mask_token_id_beyond_vocabulary() {
+    let d = package();
+    set_config(d.path(), |c| c["mask_token_id"] = 512.into());
+    refused(
+        d.path(),
+        &["key 'mask_token_id' 512 is not below vocab_size 512"],
+    );
+}
+
+#[test]
+fn target_layers_out_of_order() {
+    let d = package();
+    set_config(d.path(), |c| {
+        c["target_layer_ids"] = serde_json::json!([1, 3, 3])
+    });
+    refused(
+        d.path(),
+        &["key 'target_layer_ids' is not strictly increasing at 2"],
+    );
+}
+
+#[test]
+fn block_size_one_drafts_nothing() {
+    let d = package();
+    set_config(d.path(), |c| c["block_size"] = 1.into());
+    refused(d.path(), &["key 'block_size' 1 drafts nothing"]);
+}
+
+#[test]
+fn block_size_beyond_position_budget() {
+    let d = package();
+    set_config(d.path(), |c| c["max_position_embeddings"] = 3.into());
+    refused(
+        d.path(),
+        &["key 'block_size' 4 exceeds the draft's position budget (max_position_embeddings 3)"],
+    );
+}
+
+#[test]
+fn weight_path_leaving_the_package() {
+    let d = package();
+    set_config(d.path(), |c| {
+        c["weights"] = "../elsewhere/dflash_weight.q4nx".into()
+    });
+    refused(
+        d.path(),
+        &["key 'weights' '../elsewhere/dflash_weight.q4nx' leaves the package directory"],
+    );
+    set_config(d.path(), |c| c["weights"] = "/etc/passwd".into());
+    refused(d.path(), &["'/etc/passwd' leaves the package directory"]);
+}
+
+#[test]
+fn non_tile_geometry() {
+    let d = package();
+    set_config(d.path(), |c| c["hidden_size"] = 72.into());
+    refused(d.path(), &["key 'hidden_size' 72 is not a multiple of 32"]);
+}
+
+#[test]
+fn geometry_disagreeing_with_tiles() {
+    let d = package();
+    set_config(d.path(), |c| c["intermediate_size"] = 256.into());
+    refused(
+        d.path(),
+        &[
+            "model.layers.0.mlp.gate_proj.weight",
+            "not the q4_1 tile grid of 256 x 64",
+        ],
+    );
+}
+
+#[test]
+fn truncated_file() {
+    let d = package();
+    let path = d.path().join("dflash_weight.q4nx");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    refused(d.path(), &["q4nx: ", "past the"]);
+}
+
+#[test]
+fn empty_directory() {
+    let d = tempfile::tempdir().unwrap();
+    refused(d.path(), &["not a draft package: no config.json"]);
+}
+
+#[test]
+fn manifest_mismatch() {
+    let d = package();
+    set_config(d.path(), |c| c["rope_theta"] = 10000.0.into()); // same value, different bytes
+    let msg = load_draft(d.path()).err().unwrap().to_string();
+    assert!(
+        msg.contains("MANIFEST.sha256 says 'config.json' has sha256"),
+        "{msg}"
+    );
+    // The opt-out skips the manifest and loads.
+    assert!(load_draft_with(
+        d.path(),
+        LoadOptions {
+            verify_manifest: false
+        }
+    )
+    .is_ok());
+}
+
+#[test]
+fn pairing_with_a_target() {
+    let d = package();
+    let draft = load_draft(d.path()).unwrap();
+    let target = |layers, vocab| TargetShape {
+        name: "t".into(),
+        num_layers: layers,
+        hidden_size: 64,
+        vocab_size: vocab,
+    };
+    assert!(draft.check_target(&target(4, 512)).is_ok());
+    let msg = draft.check_target(&target(3, 512)).unwrap_err().to_string();
+    assert_eq!(msg, "dflash draft: paired with target t: target_layer_ids names layer 3, but the target has 3 layers");
+    let msg = draft.check_target(&target(4, 500)).unwrap_err().to_string();
+    assert_eq!(msg, "dflash draft: paired with target t: mask_token_id 511 is not below the target's vocabulary of 500");
+}
