@@ -143,17 +143,43 @@ fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-fn cargo_test(ws: &Path, args: &[&str]) -> Result<bool> {
-    let status = Command::new(env!("CARGO"))
+/// How a test run ended.
+enum Outcome {
+    Passed,
+    /// Tests failed: how many checks (test functions) failed.
+    Failed(usize),
+    /// The mutant does not compile (counts as caught: the build is a check too).
+    BuildFailed,
+}
+
+fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
+    let out = Command::new(env!("CARGO"))
         .arg("test")
         .args(args)
-        .arg("--quiet")
+        .arg("--no-fail-fast")
         .current_dir(ws)
         .env("CARGO_TARGET_DIR", ws.join("target"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()?;
-    Ok(status.success())
+        .output()?;
+    if out.status.success() {
+        return Ok(Outcome::Passed);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let failed: usize = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: FAILED. "))
+        .filter_map(|l| {
+            l.split("; ")
+                .nth(1)?
+                .strip_suffix(" failed")?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    Ok(if failed == 0 {
+        Outcome::BuildFailed
+    } else {
+        Outcome::Failed(failed)
+    })
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -187,7 +213,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!("mutants: baseline (the unmutated tests must pass)");
     for m in &selected {
-        if !cargo_test(&ws, m.tests)? {
+        if !matches!(cargo_test(&ws, m.tests)?, Outcome::Passed) {
             bail!("mutants: the tests of '{}' fail without any mutant", m.name);
         }
     }
@@ -206,11 +232,15 @@ pub fn run(args: &[String]) -> Result<()> {
             std::fs::write(&path, &original)?;
             let secs = start.elapsed().as_secs_f64();
             match passed? {
-                false => {
-                    rows.push((m.name.into(), "caught".into(), secs));
+                Outcome::Failed(n) => {
+                    rows.push((m.name.into(), format!("caught ({n} failing)"), secs));
                     continue;
                 }
-                true => {
+                Outcome::BuildFailed => {
+                    rows.push((m.name.into(), "caught (build)".into(), secs));
+                    continue;
+                }
+                Outcome::Passed => {
                     missed += 1;
                     "MISSED".to_string()
                 }
@@ -218,9 +248,9 @@ pub fn run(args: &[String]) -> Result<()> {
         };
         rows.push((m.name.into(), verdict, 0.0));
     }
-    println!("\n{:<58} {:<10} {:>8}", "mutant", "result", "seconds");
+    println!("\n{:<58} {:<20} {:>8}", "mutant", "result", "seconds");
     for (name, verdict, secs) in &rows {
-        println!("{name:<58} {verdict:<10} {secs:>8.1}");
+        println!("{name:<58} {verdict:<20} {secs:>8.1}");
     }
     println!("\n{} caught, {missed} missed", rows.len() - missed);
     if missed > 0 {
