@@ -53,6 +53,20 @@ pub const MUTANTS: &[Mutant] = &[
         tests: &["-p", "dflash-draft", "--test", "loader"],
     },
     Mutant {
+        name: "draft-cache-ropes-new-rows-from-position-0",
+        file: "crates/dflash-draft/src/forward.rs",
+        find: "c.rms_norm_eps,\n                self.len,",
+        replace: "c.rms_norm_eps,\n                0,",
+        tests: &["-p", "dflash-draft", "--test", "cached", "--test", "reference"],
+    },
+    Mutant {
+        name: "draft-block-attention-causal",
+        file: "crates/dflash-draft/src/forward.rs",
+        find: "                    total - first,",
+        replace: "                    cache.len + i + 1 - first,",
+        tests: &["-p", "dflash-draft", "--test", "reference"],
+    },
+    Mutant {
         name: "writer-tensors-unsorted",
         file: "crates/q4nx-format/src/writer.rs",
         find: "order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));",

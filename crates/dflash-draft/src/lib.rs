@@ -16,6 +16,10 @@
 //! refusal is a [`DraftError`] whose message starts `dflash draft: ` and names the
 //! path, key, tensor and value.
 //!
+//! [`draft_forward`] / [`draft_forward_cached`] run the draft (context fusion, a
+//! [`DraftKvCache`] of committed positions, the non-causal block pass) on the target
+//! runtime's kernels.
+//!
 //! [`import_zlab`] turns a z-lab (Hugging Face) DFlash draft into a package;
 //! [`synthetic`] makes formula-defined packages for tests and fixtures.
 //!
@@ -34,6 +38,7 @@
 mod builder;
 mod config;
 mod error;
+mod forward;
 mod import;
 mod orientation;
 mod package;
@@ -44,6 +49,10 @@ pub use config::{
     DraftConfig, ScalarKind, ARCHITECTURE, ARCHITECTURE_V2, DEFAULT_WEIGHTS, SCALARS,
 };
 pub use error::{DraftError, Result};
+pub use forward::{
+    draft_forward, draft_forward_cached, fuse_context, DraftHooks, DraftKvCache, DraftOutput,
+    DraftWeights,
+};
 pub use import::{import_zlab, ImportReport};
 pub use orientation::{fusion_orientation, Orientation};
 pub use package::{

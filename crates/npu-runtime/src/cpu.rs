@@ -171,37 +171,6 @@ impl<'a> CpuTarget<'a> {
     }
 }
 
-/// Per-head RMSNorm then rope, for `n` rows of `heads` heads at positions `p0..`.
-#[allow(clippy::too_many_arguments)]
-fn norm_and_rope(
-    rows: &mut [f32],
-    heads: usize,
-    head_dim: usize,
-    norm: Option<&[f32]>,
-    eps: f32,
-    p0: usize,
-    cos: &[f32],
-    sin: &[f32],
-) {
-    let half = head_dim / 2;
-    let width = heads * head_dim;
-    let mut normed = vec![0f32; head_dim];
-    for (i, row) in rows.chunks_exact_mut(width).enumerate() {
-        let pos = p0 + i;
-        for head in row.chunks_exact_mut(head_dim) {
-            if let Some(g) = norm {
-                kernels::rms_norm(head, g, eps, &mut normed);
-                head.copy_from_slice(&normed);
-            }
-            kernels::rope_rotate_half(
-                head,
-                &cos[pos * half..(pos + 1) * half],
-                &sin[pos * half..(pos + 1) * half],
-            );
-        }
-    }
-}
-
 impl CpuTarget<'_> {
     fn forward_in_pool(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let n = tokens.len();
@@ -237,7 +206,7 @@ impl CpuTarget<'_> {
             let mut q = self.project(&layer.q, &normed, n);
             let mut k = self.project(&layer.k, &normed, n);
             let v = self.project(&layer.v, &normed, n);
-            norm_and_rope(
+            kernels::norm_and_rope(
                 &mut q,
                 cfg.num_heads,
                 hd,
@@ -247,7 +216,7 @@ impl CpuTarget<'_> {
                 &self.rope_cos,
                 &self.rope_sin,
             );
-            norm_and_rope(
+            kernels::norm_and_rope(
                 &mut k,
                 cfg.num_kv_heads,
                 hd,

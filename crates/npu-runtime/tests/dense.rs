@@ -31,3 +31,48 @@ fn bf16_kernels_agree_and_are_batch_invariant() {
         }
     }
 }
+
+#[test]
+fn block_column_kernels_agree_and_are_batch_invariant() {
+    use npu_runtime::kernels::dense::matmul_bf16_block_columns;
+    let (rows, k, n) = (64, 40, 3);
+    let w: Vec<u8> = (0..rows * k)
+        .flat_map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 32.0).to_le_bytes())
+        .collect();
+    let x: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 11 % 23) as f32 - 11.0) / 9.0)
+        .collect();
+    let mut want = vec![0f32; n * rows];
+    matmul_bf16_block_columns(&w, rows, k, &x, n, &mut want, Kernel::Scalar);
+    // The stored order: element [b][c][r] is W[b*32 + r][c].
+    for i in 0..n {
+        for r in 0..rows {
+            let (b, rr) = (r / 32, r % 32);
+            let exact: f64 = (0..k)
+                .map(|c| {
+                    bf16::from_le_bytes([
+                        w[2 * ((b * k + c) * 32 + rr)],
+                        w[2 * ((b * k + c) * 32 + rr) + 1],
+                    ])
+                    .to_f32() as f64
+                        * x[i * k + c] as f64
+                })
+                .sum();
+            assert!((want[i * rows + r] as f64 - exact).abs() < 1e-4);
+        }
+    }
+    for kernel in Kernel::available() {
+        let mut y = vec![0f32; n * rows];
+        matmul_bf16_block_columns(&w, rows, k, &x, n, &mut y, kernel);
+        assert!(
+            y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{kernel:?}"
+        );
+        let mut one = vec![0f32; rows];
+        matmul_bf16_block_columns(&w, rows, k, &x[k..2 * k], 1, &mut one, kernel);
+        assert!(one
+            .iter()
+            .zip(&want[rows..2 * rows])
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

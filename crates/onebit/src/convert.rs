@@ -11,7 +11,8 @@ use q4nx_format::gguf::GgufFile;
 
 #[derive(Args)]
 pub struct ConvertArgs {
-    /// The GGUF model to convert (Llama or Qwen3 family).
+    /// The GGUF model to convert (Llama or Qwen3 family), or a Hugging Face model
+    /// directory (`config.json` + `model.safetensors`).
     pub gguf: PathBuf,
     /// The package directory to write: model.q4nx, tokenizer.json, config.json.
     pub out_dir: PathBuf,
@@ -38,7 +39,7 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         println!("differs from FastFlowLM's converter: {d}");
     }
     println!(
-        "converted {} tensors, {} bytes in {:.2} s ({:.0} MB/s of GGUF) -> {}",
+        "converted {} tensors, {} bytes in {:.2} s ({:.0} MB/s of input) -> {}",
         s.tensors,
         s.bytes,
         s.seconds,
@@ -56,6 +57,9 @@ pub fn convert(gguf_path: &Path, out_dir: &Path, force: bool, quiet: bool) -> Re
             "convert: {}: a package is already there (pass --force to replace it)",
             out_dir.display()
         );
+    }
+    if gguf_path.is_dir() {
+        return convert_hf(gguf_path, out_dir, start);
     }
     let file = GgufFile::open(gguf_path)?;
     let converter = GgufConverter::new(&file)?;
@@ -116,5 +120,34 @@ pub fn convert(gguf_path: &Path, out_dir: &Path, force: bool, quiet: bool) -> Re
         seconds: start.elapsed().as_secs_f64(),
         input_bytes: std::fs::metadata(gguf_path).map(|m| m.len()).unwrap_or(0),
         differences,
+    })
+}
+
+/// A Hugging Face model directory: tiles for projections, BF16 for the rest; the config
+/// (and tokenizer files, when present) are copied.
+fn convert_hf(src: &Path, out_dir: &Path, start: Instant) -> Result<Summary> {
+    let (writer, config, tensors) = q4nx_format::convert::hf::convert_hf_dir(src)?;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("convert: {}: cannot create directory", out_dir.display()))?;
+    let target = out_dir.join("model.q4nx");
+    writer.write_file(&target)?;
+    let text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
+    std::fs::write(out_dir.join("config.json"), text + "\n")
+        .with_context(|| format!("convert: {}: cannot write config.json", out_dir.display()))?;
+    for name in ["tokenizer.json", "tokenizer_config.json"] {
+        if src.join(name).exists() {
+            std::fs::copy(src.join(name), out_dir.join(name))
+                .with_context(|| format!("convert: cannot copy {name}"))?;
+        }
+    }
+    let input_bytes = std::fs::metadata(src.join("model.safetensors"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    Ok(Summary {
+        tensors,
+        bytes: std::fs::metadata(&target).map(|m| m.len()).unwrap_or(0),
+        seconds: start.elapsed().as_secs_f64(),
+        input_bytes,
+        differences: vec!["source is a Hugging Face safetensors model: projections quantized to q4_1 tiles (lossless only for q4_1-representable weights)".into()],
     })
 }

@@ -97,3 +97,87 @@ unsafe fn avx512_dot(w: &[u8], x: &[f32]) -> f32 {
     _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
     reduce_lanes(lanes)
 }
+
+/// `y = x · Wᵀ` for a BF16 W stored in block-column order `[rows/32][k][32]`
+/// (element `[b][c][r]` is `W[b*32 + r][c]`): the DFlash fusion matrix's layout.
+///
+/// Per output element: `acc = Σ_c fma(W[r][c], x[c], acc)` in column order, so every
+/// row is computed the same way whatever the batch (batch invariance).
+pub fn matmul_bf16_block_columns(
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    kernel: Kernel,
+) {
+    assert_eq!(rows % 32, 0, "rows must be a multiple of 32");
+    assert_eq!(w.len(), rows * k * 2);
+    assert_eq!(x.len(), n * k);
+    assert_eq!(y.len(), n * rows);
+    let mut scratch = vec![0f32; rows * n];
+    scratch
+        .par_chunks_mut(32 * n)
+        .enumerate()
+        .for_each(|(b, out)| {
+            let block = &w[b * k * 64..(b + 1) * k * 64];
+            for i in 0..n {
+                let xi = &x[i * k..(i + 1) * k];
+                let acc = match kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
+                    Kernel::Avx512 => unsafe { avx512_block_column(block, xi) },
+                    _ => scalar_block_column(block, xi),
+                };
+                for (r, &a) in acc.iter().enumerate() {
+                    out[r * n + i] = a;
+                }
+            }
+        });
+    for b in 0..rows / 32 {
+        for r in 0..32 {
+            for i in 0..n {
+                y[i * rows + b * 32 + r] = scratch[(b * 32 + r) * n + i];
+            }
+        }
+    }
+}
+
+/// 32 outputs of one row block: `acc[r] = Σ_c fma(W[r][c], x[c], acc[r])`.
+fn scalar_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
+    let mut acc = [0f32; 32];
+    for (c, &xv) in x.iter().enumerate() {
+        let col = &block[c * 64..(c + 1) * 64];
+        for (r, a) in acc.iter_mut().enumerate() {
+            let wv = bf16::from_le_bytes([col[2 * r], col[2 * r + 1]]).to_f32();
+            *a = wv.mul_add(xv, *a);
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
+    use std::arch::x86_64::*;
+    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for (c, &xv) in x.iter().enumerate() {
+        let p = block.as_ptr().add(c * 64);
+        let w0 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)),
+            16,
+        ));
+        let w1 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(32) as *const __m256i)),
+            16,
+        ));
+        let xb = _mm512_set1_ps(xv);
+        lo = _mm512_fmadd_ps(w0, xb, lo);
+        hi = _mm512_fmadd_ps(w1, xb, hi);
+    }
+    let mut acc = [0f32; 32];
+    _mm512_storeu_ps(acc.as_mut_ptr(), lo);
+    _mm512_storeu_ps(acc.as_mut_ptr().add(16), hi);
+    acc
+}

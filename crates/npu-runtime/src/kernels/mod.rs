@@ -93,3 +93,35 @@ pub fn attend(
 }
 
 pub mod dense;
+
+/// Per-head RMSNorm (when `norm` is given) then rope, for rows of `heads` heads at
+/// positions `p0..`; `cos`/`sin` are tables indexed `[position][head_dim / 2]`.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_and_rope(
+    rows: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    norm: Option<&[f32]>,
+    eps: f32,
+    p0: usize,
+    cos: &[f32],
+    sin: &[f32],
+) {
+    let half = head_dim / 2;
+    let width = heads * head_dim;
+    let mut normed = vec![0f32; head_dim];
+    for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+        let pos = p0 + i;
+        for head in row.chunks_exact_mut(head_dim) {
+            if let Some(g) = norm {
+                rms_norm(head, g, eps, &mut normed);
+                head.copy_from_slice(&normed);
+            }
+            rope_rotate_half(
+                head,
+                &cos[pos * half..(pos + 1) * half],
+                &sin[pos * half..(pos + 1) * half],
+            );
+        }
+    }
+}

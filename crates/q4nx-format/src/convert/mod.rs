@@ -17,6 +17,7 @@
 //! as if they were 4-bit codes), and 2-D float projections become tiles (the reference
 //! stores them dense, which its runtime cannot use as projections).
 
+pub mod hf;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,78 @@
+//! Cached and scratch draft forwards agree bit for bit over many rounds of random
+//! commits (synthetic draft, random tap rows).
+
+use dflash_draft::synthetic::{small_config, write_synthetic};
+use dflash_draft::{draft_forward, draft_forward_cached, load_draft, DraftHooks, DraftKvCache};
+
+struct Hooks;
+
+impl DraftHooks for Hooks {
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        tokens
+            .iter()
+            .flat_map(|&t| {
+                (0..64).map(move |i| (((t as usize * 31 + i * 7) % 97) as f32 - 48.0) / 50.0)
+            })
+            .collect()
+    }
+    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|i| npu_runtime::argmax(&hidden[i * 64..(i + 1) * 64]) as u32)
+            .collect()
+    }
+}
+
+fn lcg(s: &mut u64) -> u64 {
+    *s = s
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *s >> 33
+}
+
+#[test]
+fn cached_equals_scratch_over_random_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let w = draft.weights().unwrap();
+    let width = w.config.context_width();
+    let mut rng = 99u64;
+    let row = |rng: &mut u64| -> Vec<f32> {
+        (0..width)
+            .map(|_| (lcg(rng) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    };
+    let mut committed: Vec<f32> = (0..5).flat_map(|_| row(&mut rng)).collect();
+    let mut new_rows = committed.clone();
+    let mut cache = DraftKvCache::new(&w.config);
+    for round in 0..30 {
+        let pos = committed.len() / width;
+        let block: Vec<u32> = std::iter::once((lcg(&mut rng) % 500) as u32)
+            .chain([511; 3])
+            .collect();
+        let cached = draft_forward_cached(
+            &w,
+            &mut cache,
+            &new_rows,
+            new_rows.len() / width,
+            &block,
+            pos,
+            &Hooks,
+        )
+        .unwrap();
+        let scratch = draft_forward(&w, &committed, pos, &block, pos, &Hooks).unwrap();
+        assert!(
+            cached == scratch,
+            "round {round}: cached and scratch differ"
+        );
+        assert_eq!(cache.len(), pos);
+        let commit = 1 + (lcg(&mut rng) % 4) as usize;
+        new_rows = (0..commit).flat_map(|_| row(&mut rng)).collect();
+        committed.extend_from_slice(&new_rows);
+    }
+    // A misaligned draft is refused with the position rule in the message.
+    let err = draft_forward_cached(&w, &mut cache, &[], 0, &[1, 511, 511, 511], 3, &Hooks)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("drafting at position 3 over"), "{err}");
+}
