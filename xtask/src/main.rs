@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 
+mod demo;
 mod fixtures;
 mod fuzz;
 mod ggml_reference;
@@ -14,6 +15,8 @@ mod mutants;
 const USAGE: &str = "usage: cargo xtask <task> [args]
 
 tasks:
+  demo [PROMPT]                            fetch SmolLM2, convert it, and decode a chat prompt plainly
+                                           and speculatively (oracle drafter) side by side
   fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
                                            (targets: q4nx, gguf; default runs all for N seconds each)
   fixtures [--no-bolt]                     regenerate fixtures/tiny-demo and write synthetic DFlash
@@ -32,6 +35,7 @@ fn main() -> Result<()> {
     };
     match task.as_str() {
         "fuzz" => fuzz::run(rest),
+        "demo" => demo::run(rest),
         "fixtures" => fixtures::run(rest),
         "fetch-model" => models::run(rest),
         "ggml-reference" => ggml_reference::run(rest),

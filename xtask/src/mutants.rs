@@ -20,16 +20,76 @@ pub struct Mutant {
     pub replace: &'static str,
     /// `cargo test` arguments selecting the tests that must catch it.
     pub tests: &'static [&'static str],
+    /// A second edit `(file, find, replace)` for mutants that need two.
+    pub also: Option<(&'static str, &'static str, &'static str)>,
 }
 
 /// The catalogue. Keep each `find` unique in its file.
 pub const MUTANTS: &[Mutant] = &[
+    // The upstream DFlashHead table.
+    Mutant {
+        name: "dflash-head-no-trim-after-verify",
+        file: "crates/mtp/src/dflash.rs",
+        find: ".truncate(mark + m);",
+        replace: ".len(); // no trim",
+        tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
+        also: None,
+    },
+    Mutant {
+        name: "dflash-head-trims-one-row-short",
+        file: "crates/mtp/src/dflash.rs",
+        find: ".truncate(mark + m);",
+        replace: ".truncate(mark + m - 1);",
+        tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
+        also: None,
+    },
+    Mutant {
+        name: "dflash-head-trims-after-a-plain-step-too",
+        file: "crates/mtp/src/dflash.rs",
+        find: "if let Some(mark) = self.mark.take() {",
+        replace: "if let Some(mark) = self.mark {",
+        tests: &["-p", "mtp", "--test", "upstream"],
+        also: Some(("crates/mtp/src/run.rs", "stats.plain_steps += 1;", "stats.plain_steps += 1;\n            if let Some(h) = head.as_deref_mut() {\n                h.commit_rows(1);\n            }")),
+    },
+    Mutant {
+        name: "dflash-head-fuses-one-row-short",
+        file: "crates/mtp/src/dflash.rs",
+        find: "(rows, sink.rows_slice(folded..rows).to_vec())",
+        replace: "(rows, sink.rows_slice(folded..rows.max(folded + 1) - 1).to_vec())",
+        tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
+        also: Some(("crates/mtp/src/dflash.rs", "let n_new = rows - self.cache.len().min(rows);", "let n_new = (rows - self.cache.len().min(rows)).saturating_sub(1);")),
+    },
+    Mutant {
+        name: "loop-drafts-after-the-first-token-not-the-last",
+        file: "crates/mtp/src/run.rs",
+        find: "let d = h.draft(pos_next + 1, next,",
+        replace: "let d = h.draft(pos_next + 1, tokens[0],",
+        tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
+        also: None,
+    },
+    Mutant {
+        name: "dflash-head-skips-the-position-check",
+        file: "crates/mtp/src/dflash.rs",
+        find: "if pos != rows + 1 {",
+        replace: "if false {",
+        tests: &["-p", "mtp", "--test", "upstream"],
+        also: None,
+    },
+    Mutant {
+        name: "dflash-head-folds-from-the-start-of-the-sink",
+        file: "crates/mtp/src/dflash.rs",
+        find: "let folded = self.cache.len().min(rows);",
+        replace: "let folded = 0;",
+        tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
+        also: None,
+    },
     Mutant {
         name: "draft-decode-fusion-in-stored-order",
         file: "crates/dflash-draft/src/package.rs",
         find: "out[(b * 32 + r) * w + col] = bf16::from_le_bytes([pair[0], pair[1]]).to_f32();",
         replace: "let _ = (b, r, col); out[i] = bf16::from_le_bytes([pair[0], pair[1]]).to_f32();",
         tests: &["-p", "dflash-draft", "--test", "loader", "--test", "import"],
+        also: None,
     },
     Mutant {
         name: "draft-unexplained-tensor-check-off",
@@ -37,6 +97,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: ".find(|t| !expected.iter().any(|e| e == t.name))",
         replace: ".find(|t| false && !expected.iter().any(|e| e == t.name))",
         tests: &["-p", "dflash-draft", "--test", "loader"],
+        also: None,
     },
     Mutant {
         name: "draft-scalar-comparison-skipped",
@@ -44,6 +105,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "if t.shape != [want.len()] || found != want {",
         replace: "if false {",
         tests: &["-p", "dflash-draft", "--test", "loader"],
+        also: None,
     },
     Mutant {
         name: "tile-count-check-off-by-one",
@@ -51,6 +113,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "if tensor.shape != [tiles, TILE_BYTES] {",
         replace: "if tensor.shape != [tiles, TILE_BYTES] && tensor.shape != [tiles - 1, TILE_BYTES] {",
         tests: &["-p", "dflash-draft", "--test", "loader"],
+        also: None,
     },
     Mutant {
         name: "draft-cache-ropes-new-rows-from-position-0",
@@ -58,6 +121,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "c.rms_norm_eps,\n                self.len,",
         replace: "c.rms_norm_eps,\n                0,",
         tests: &["-p", "dflash-draft", "--test", "cached", "--test", "reference"],
+        also: None,
     },
     Mutant {
         name: "draft-block-attention-causal",
@@ -65,6 +129,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "                    total - first,",
         replace: "                    cache.len + i + 1 - first,",
         tests: &["-p", "dflash-draft", "--test", "reference"],
+        also: None,
     },
     Mutant {
         name: "writer-tensors-unsorted",
@@ -72,6 +137,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));",
         replace: "",
         tests: &["-p", "q4nx-format", "--test", "fixtures"],
+        also: None,
     },
     Mutant {
         name: "header-gap-check-off",
@@ -79,6 +145,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "if t.data.start > expected {",
         replace: "if t.data.start > expected && false {",
         tests: &["-p", "q4nx-format", "--test", "malformed"],
+        also: None,
     },
     Mutant {
         name: "tile-nibbles-swapped",
@@ -86,6 +153,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "(byte, if row % 2 == 1 { 4 } else { 0 })",
         replace: "(byte, if row % 2 == 1 { 0 } else { 4 })",
         tests: &["-p", "q4nx-format", "--test", "tile_codec"],
+        also: None,
     },
     Mutant {
         name: "gguf-overlap-check-off",
@@ -93,6 +161,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "if pair[1].range.start < pair[0].range.end {",
         replace: "if pair[1].range.start < pair[0].range.end && false {",
         tests: &["-p", "q4nx-format", "--test", "gguf_reader"],
+        also: None,
     },
     Mutant {
         name: "convert-llama-rows-not-unpermuted",
@@ -100,6 +169,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "if !rope_rows {",
         replace: "if true {",
         tests: &["-p", "q4nx-format", "--test", "convert"],
+        also: None,
     },
     Mutant {
         name: "quantizer-divides-instead-of-multiplying-by-the-inverse",
@@ -107,6 +177,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "let t = ((v - lo) * id + 0.5).trunc();",
         replace: "let t = ((v - lo) / d + 0.5).trunc();",
         tests: &["-p", "q4nx-format", "--test", "ggml_reference"],
+        also: None,
     },
     Mutant {
         name: "matmul-batched-rows-sum-in-another-order",
@@ -114,6 +185,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg]));",
         replace: "let t = if R > 1 { _mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(d, acc[r][rg])) } else { _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg])) };",
         tests: &["-p", "npu-runtime", "--test", "matmul", "--test", "reference"],
+        also: None,
     },
     Mutant {
         name: "truncate-keeps-one-row-too-many",
@@ -121,6 +193,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "head.truncate(len * head_dim);",
         replace: "head.truncate((len + 1) * head_dim);",
         tests: &["-p", "npu-runtime", "--test", "reference"],
+        also: None,
     },
     Mutant {
         name: "last-layer-tap-not-final-normed",
@@ -128,6 +201,7 @@ pub const MUTANTS: &[Mutant] = &[
         find: "tap_values[t] = final_hidden.clone();",
         replace: "tap_values[t] = x.clone();",
         tests: &["-p", "npu-runtime", "--test", "reference"],
+        also: None,
     },
 ];
 
@@ -241,9 +315,40 @@ pub fn run(args: &[String]) -> Result<()> {
             "ROTTEN (anchor not found exactly once)".to_string()
         } else {
             std::fs::write(&path, original.replacen(m.find, m.replace, 1))?;
+            let second = match m.also {
+                Some((file, find, replace)) => {
+                    let p2 = ws.join(file);
+                    let before = std::fs::read_to_string(&p2)?;
+                    let current = if file == m.file {
+                        original.replacen(m.find, m.replace, 1)
+                    } else {
+                        before.clone()
+                    };
+                    if current.matches(find).count() != 1 {
+                        std::fs::write(&path, &original)?;
+                        bail!(
+                            "mutants: '{}': second anchor not found exactly once in {file}",
+                            m.name
+                        );
+                    }
+                    std::fs::write(&p2, current.replacen(find, replace, 1))?;
+                    Some((
+                        p2,
+                        if file == m.file {
+                            original.clone()
+                        } else {
+                            before
+                        },
+                    ))
+                }
+                None => None,
+            };
             let start = Instant::now();
             let passed = cargo_test(&ws, m.tests);
             std::fs::write(&path, &original)?;
+            if let Some((p2, before)) = second {
+                std::fs::write(p2, before)?;
+            }
             let secs = start.elapsed().as_secs_f64();
             match passed? {
                 Outcome::Failed(n) => {

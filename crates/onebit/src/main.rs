@@ -13,7 +13,6 @@ mod convert;
 mod convert_draft;
 mod inspect;
 mod run;
-mod sample;
 mod text;
 
 /// Run Q4NX language models with DFlash speculative decoding.

@@ -10,8 +10,8 @@ use npu_runtime::kernels::Kernel;
 use npu_runtime::{CpuTarget, Forward, HeadKind, TargetPackage};
 use serde_json::json;
 
-use crate::sample::{Sampler, SamplingConfig};
 use crate::text::{render_chat, StreamDecoder, Text};
+use mtp::{RunOptions, SamplingConfig, StopReason};
 
 /// How to open and run a target package; shared by `run` and `bench`.
 #[derive(Args)]
@@ -82,6 +82,17 @@ pub struct RunArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// A DFlash draft package: decode speculatively (same text as without it).
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Drafts verified per round at most (k).
+    #[arg(long, default_value_t = 7)]
+    pub draft_max: usize,
+    /// Side by side: plain greedy decoding, then speculative decoding with an oracle
+    /// drafter that knows that continuation (always right, every third wrong, never
+    /// right) — the engine's round cost without a trained draft. Prints both texts and speeds.
+    #[arg(long, value_parser = ["always", "every-third", "never"], conflicts_with = "draft")]
+    pub oracle: Option<String>,
 }
 
 /// `--kernel` values.
@@ -168,62 +179,215 @@ pub fn prompt_ids(
     Ok(ids)
 }
 
+/// A draft head for `--draft DIR` over this target package.
+pub struct DraftSetup {
+    pub draft: dflash_draft::DraftModel,
+}
+
+impl DraftSetup {
+    /// Loads the draft package and checks it against the target.
+    pub fn open(
+        dir: &std::path::Path,
+        package: &TargetPackage,
+        target_dir: &std::path::Path,
+    ) -> Result<DraftSetup> {
+        let draft = dflash_draft::load_draft(dir)?;
+        draft.check_target(&dflash_draft::TargetShape {
+            name: target_dir.display().to_string(),
+            num_layers: package.config.num_layers,
+            hidden_size: package.config.hidden_size,
+            vocab_size: package.config.vocab_size,
+        })?;
+        Ok(DraftSetup { draft })
+    }
+}
+
+/// The statistics as JSON.
+pub fn stats_json(s: &mtp::Stats) -> serde_json::Value {
+    json!({
+        "rounds": s.rounds,
+        "plain_steps": s.plain_steps,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "accepted_per_round": s.accepted_per_round,
+        "acceptance_by_position": s.acceptance_by_position(),
+        "tokens_per_round": s.tokens_per_round(),
+        "seconds": {"target": s.target_seconds, "draft": s.draft_seconds, "sampling": s.sampling_seconds},
+    })
+}
+
+/// `--oracle`: plain and speculative decoding of the same prompt, side by side.
+fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
+    if args.temp > 0.0 {
+        bail!("run: --oracle compares greedy decodings; drop --temp");
+    }
+    let package = args.target.package()?;
+    let text = Text::open(&args.target.model).ok();
+    let prompt = prompt_ids(args, &package, text.as_ref())?;
+    let options = RunOptions {
+        max_tokens: args.max_tokens,
+        draft_max: args.draft_max,
+        stop_tokens: if args.ignore_eos {
+            Vec::new()
+        } else {
+            package.config.eos_token_ids.clone()
+        },
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        },
+    };
+    let show = |ids: &[u32]| -> String {
+        match &text {
+            Some(t) => t.decode(ids).unwrap_or_default(),
+            None => format!("{ids:?}"),
+        }
+    };
+    let mut target = args.target.target(&package)?;
+    let start = Instant::now();
+    let plain = mtp::run(&mut target, None, &prompt, &options, &mut |_| true)?;
+    let plain_secs = start.elapsed().as_secs_f64();
+    let mut stream = prompt.clone();
+    stream.extend(&plain.tokens);
+    let mut head = mtp::OracleHead::new(
+        stream,
+        package.config.vocab_size,
+        mtp::OracleRule::parse(rule).expect("clap checked"),
+    );
+    let mut target = args.target.target(&package)?;
+    let start = Instant::now();
+    let spec = mtp::run(&mut target, Some(&mut head), &prompt, &options, &mut |_| {
+        true
+    })?;
+    let spec_secs = start.elapsed().as_secs_f64();
+    let (p_tps, s_tps) = (
+        plain.tokens.len() as f64 / plain_secs,
+        spec.tokens.len() as f64 / spec_secs,
+    );
+    let equal = plain.tokens == spec.tokens;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "prompt_tokens": prompt,
+                "drafter": format!("oracle ({rule})"),
+                "plain": {"tokens": plain.tokens, "text": show(&plain.tokens), "seconds": plain_secs, "tokens_per_second": p_tps},
+                "speculative": {"tokens": spec.tokens, "text": show(&spec.tokens), "seconds": spec_secs, "tokens_per_second": s_tps, "stats": stats_json(&spec.stats)},
+                "texts_equal": equal,
+            })
+        );
+    } else {
+        println!(
+            "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s, {} threads, {} kernel)",
+            plain.tokens.len(),
+            target.threads(),
+            target.kernel().name()
+        );
+        println!("{}", show(&plain.tokens));
+        println!(
+            "── speculative decoding, k = {}, drafter: an ORACLE ({rule}) that knows the plain continuation — not a trained draft; it measures the engine's round cost ({} tokens, {s_tps:.1} tok/s, {:.2}x)",
+            args.draft_max,
+            spec.tokens.len(),
+            s_tps / p_tps
+        );
+        println!("{}", show(&spec.tokens));
+        let s = &spec.stats;
+        println!(
+            "── texts equal: {} | {} rounds, {}/{} drafts accepted, {:.2} tokens per round",
+            if equal { "yes" } else { "NO" },
+            s.rounds,
+            s.accepted,
+            s.drafted,
+            s.tokens_per_round()
+        );
+    }
+    if !equal {
+        bail!("run: speculative text differs from plain text");
+    }
+    Ok(())
+}
+
 pub fn run(args: &RunArgs) -> Result<()> {
+    if let Some(rule) = &args.oracle {
+        return side_by_side(args, rule);
+    }
     let package = args.target.package()?;
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
     let mut target = args.target.target(&package)?;
-    let mut sampler = Sampler::new(SamplingConfig {
-        temperature: args.temp,
-        top_p: args.top_p,
-        seed: args.seed,
-    });
-    let eos = package.config.eos_token_ids.clone();
-    let vocab = package.config.vocab_size;
-
-    let start = Instant::now();
-    let logits = target.forward(&prompt)?;
-    let prefill = start.elapsed().as_secs_f64();
-    let mut next = sampler.pick(&logits[(prompt.len() - 1) * vocab..]);
-
-    let decode_start = Instant::now();
-    let mut out_ids = Vec::new();
-    let mut stream = StreamDecoder::default();
-    let stdout = std::io::stdout();
-    let mut stop_reason = "max_tokens";
-    while out_ids.len() < args.max_tokens {
-        if !args.ignore_eos && eos.contains(&next) {
-            stop_reason = "eos";
-            break;
+    let options = RunOptions {
+        max_tokens: args.max_tokens,
+        draft_max: args.draft_max,
+        stop_tokens: if args.ignore_eos {
+            Vec::new()
+        } else {
+            package.config.eos_token_ids.clone()
+        },
+        sampling: SamplingConfig {
+            temperature: args.temp,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+    };
+    let draft = match &args.draft {
+        Some(dir) => Some(DraftSetup::open(dir, &package, &args.target.model)?),
+        None => None,
+    };
+    let weights = match &draft {
+        Some(d) => Some(d.draft.weights()?),
+        None => None,
+    };
+    let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
+    let mut head = match (&draft, &weights) {
+        (Some(d), Some(w)) => {
+            target.set_layer_taps(&d.draft.config.target_layer_ids, sink.clone())?;
+            let hooks = mtp::PackageHooks::new(&package, target.head())?;
+            Some(mtp::DFlashHead::new(w, Box::new(hooks), sink.clone()))
         }
-        out_ids.push(next);
+        _ => None,
+    };
+
+    let stdout = std::io::stdout();
+    let mut stream = StreamDecoder::default();
+    let mut first_token_at = None;
+    let start = Instant::now();
+    let mut on_token = |t: u32| -> bool {
+        first_token_at.get_or_insert_with(|| start.elapsed().as_secs_f64());
         if !args.json {
-            if let Some(t) = &text {
-                let piece = stream.push(t, next)?;
-                let mut lock = stdout.lock();
-                lock.write_all(piece.as_bytes())?;
-                lock.flush()?;
+            if let Some(tx) = &text {
+                if let Ok(piece) = stream.push(tx, t) {
+                    let mut lock = stdout.lock();
+                    let _ = lock.write_all(piece.as_bytes());
+                    let _ = lock.flush();
+                }
             }
         }
-        if out_ids.len() == args.max_tokens {
-            break;
-        }
-        let logits = target.forward(&[next])?;
-        next = sampler.pick(&logits);
-    }
-    let decode = decode_start.elapsed().as_secs_f64();
-    // Decode rate counts target passes after the prefill (the first token comes from it).
-    let decode_passes = out_ids.len().saturating_sub(1);
+        true
+    };
+    let out = match head.as_mut() {
+        Some(h) => mtp::run(&mut target, Some(h), &prompt, &options, &mut on_token)?,
+        None => mtp::run(&mut target, None, &prompt, &options, &mut on_token)?,
+    };
+    let total = start.elapsed().as_secs_f64();
+    let prefill = first_token_at.unwrap_or(total);
+    let decode = total - prefill;
+    // Decode rate: tokens after the first (which comes from the prefill pass).
+    let decode_tps = out.tokens.len().saturating_sub(1) as f64 / decode.max(1e-9);
+    let prefill_tps = prompt.len() as f64 / prefill.max(1e-9);
     let generated = match &text {
-        Some(t) => t.decode(&out_ids)?,
+        Some(t) => t.decode(&out.tokens)?,
         None => String::new(),
     };
-    let prefill_tps = prompt.len() as f64 / prefill.max(1e-9);
-    let decode_tps = decode_passes as f64 / decode.max(1e-9);
+    let stop_reason = match out.stop {
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::StopToken => "eos",
+        StopReason::Callback => "callback",
+    };
     if args.json {
-        let obj = json!({
+        let mut obj = json!({
             "prompt_tokens": prompt,
-            "tokens": out_ids,
+            "tokens": out.tokens,
             "text": generated,
             "stop_reason": stop_reason,
             "timings": {
@@ -235,10 +399,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "kernel": target.kernel().name(),
             "threads": target.threads(),
         });
+        if draft.is_some() {
+            obj["speculative"] = stats_json(&out.stats);
+        }
         println!("{obj}");
     } else {
         if text.is_none() {
-            println!("{out_ids:?}");
+            println!("{:?}", out.tokens);
         } else {
             println!();
         }
@@ -246,11 +413,23 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel]",
             prompt.len(),
             prefill_tps,
-            out_ids.len(),
+            out.tokens.len(),
             decode_tps,
             target.threads(),
             target.kernel().name()
         );
+        if draft.is_some() {
+            let s = &out.stats;
+            let by_pos: Vec<String> = s
+                .acceptance_by_position()
+                .iter()
+                .map(|a| format!("{:.0}%", a * 100.0))
+                .collect();
+            eprintln!(
+                "[speculative: {} rounds, {} plain steps, {}/{} drafts accepted, {:.2} tokens/round, acceptance by position {} | time: target {:.2} s, draft {:.2} s, sampling {:.3} s]",
+                s.rounds, s.plain_steps, s.accepted, s.drafted, s.tokens_per_round(), by_pos.join(" "), s.target_seconds, s.draft_seconds, s.sampling_seconds
+            );
+        }
     }
     Ok(())
 }

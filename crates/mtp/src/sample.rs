@@ -71,6 +71,11 @@ impl Sampler {
         p
     }
 
+    /// A uniform draw in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random()
+    }
+
     /// Draws an index from a distribution.
     pub fn draw(&mut self, p: &[f32]) -> usize {
         let u: f32 = self.rng.random();

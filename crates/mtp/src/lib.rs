@@ -1,0 +1,34 @@
+//! # mtp
+//!
+//! onebit's speculative decoding loop. A [`DraftHead`] proposes tokens; [`run`] verifies
+//! them against a target behind npu-runtime's `Forward` trait and keeps exactly what
+//! plain decoding would produce:
+//!
+//! - the **plain step** (no draft that round): one target pass for the last token;
+//! - the **one-pass round** for heads that do not need the target's last hidden state
+//!   (DFlash): `[t, d1..dk]` verified in one batch;
+//! - the **two-pass round** for classic MTP heads: `t` first, then the head drafts from
+//!   its hidden state, then the verify batch.
+//!
+//! Greedy verification accepts the longest prefix that matches the target's argmax and
+//! emits the target's own next token; with sampling, verification preserves the
+//! target's distribution ([`verify::verify`]). The target's KV cache and the tap sink
+//! end every round holding exactly the committed positions. [`DFlashHead`] runs a
+//! DFlash draft as a head; [`PackageHooks`] gives it the target's embedding and head.
+
+mod dflash;
+mod head;
+mod hooks;
+mod oracle;
+mod run;
+pub mod sample;
+mod stats;
+pub mod verify;
+
+pub use dflash::DFlashHead;
+pub use head::DraftHead;
+pub use hooks::PackageHooks;
+pub use oracle::{OracleHead, OracleRule};
+pub use run::{run, RunOptions, RunOutput, StopReason};
+pub use sample::{Sampler, SamplingConfig};
+pub use stats::Stats;

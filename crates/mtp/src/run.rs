@@ -1,0 +1,189 @@
+//! `mtp::run`: plain steps, one-pass rounds and two-pass rounds over a [`Forward`]
+//! target and an optional [`DraftHead`].
+
+use std::time::Instant;
+
+use npu_runtime::{Forward, TargetError};
+
+use crate::head::DraftHead;
+use crate::sample::{Sampler, SamplingConfig};
+use crate::stats::Stats;
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Tokens to emit at most.
+    pub max_tokens: usize,
+    /// Drafts per round at most (k).
+    pub draft_max: usize,
+    /// Tokens that end the run (not emitted).
+    pub stop_tokens: Vec<u32>,
+    pub sampling: SamplingConfig,
+}
+
+/// Why a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    MaxTokens,
+    StopToken,
+    /// The callback asked to stop.
+    Callback,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    pub stats: Stats,
+}
+
+fn row(logits: &[f32], vocab: usize, i: usize) -> &[f32] {
+    &logits[i * vocab..(i + 1) * vocab]
+}
+
+/// Generates after `prompt`. `on_token` sees every emitted token in order and may
+/// return `false` to stop. The target ends holding exactly the committed positions.
+///
+/// Greedy (temperature 0): drafts are accepted while they equal the target's argmax,
+/// then the target's own next token is emitted — the text equals plain greedy decoding
+/// exactly, because a batched verify pass gives the same logits as single steps.
+/// Sampling: each verify row draws the target's token from its (temperature, top-p)
+/// distribution and a draft is accepted only when it equals that draw (the exact-match
+/// rule, lossless for deterministic drafts); heads that expose draft probabilities
+/// use the standard min(1, p/q) test with residual resampling instead.
+pub fn run(
+    base: &mut dyn Forward,
+    mut head: Option<&mut dyn DraftHead>,
+    prompt: &[u32],
+    options: &RunOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<RunOutput, TargetError> {
+    let vocab = base.config().vocab_size;
+    let mut sampler = Sampler::new(options.sampling);
+    let mut stats = Stats::default();
+    let mut tokens = Vec::new();
+    if let Some(h) = head.as_deref_mut() {
+        h.reset();
+    }
+    let t0 = Instant::now();
+    let logits = base.forward(prompt)?;
+    stats.target_seconds += t0.elapsed().as_secs_f64();
+    let s0 = Instant::now();
+    let mut next = sampler.pick(row(&logits, vocab, prompt.len() - 1));
+    stats.sampling_seconds += s0.elapsed().as_secs_f64();
+
+    // `next` is committed but not yet run through the target; it sits at `position()`.
+    let emit = |t: u32,
+                tokens: &mut Vec<u32>,
+                on_token: &mut dyn FnMut(u32) -> bool|
+     -> Option<StopReason> {
+        if options.stop_tokens.contains(&t) {
+            return Some(StopReason::StopToken);
+        }
+        tokens.push(t);
+        if !on_token(t) {
+            return Some(StopReason::Callback);
+        }
+        if tokens.len() >= options.max_tokens {
+            return Some(StopReason::MaxTokens);
+        }
+        None
+    };
+    if options.max_tokens == 0 {
+        return Ok(RunOutput {
+            tokens,
+            stop: StopReason::MaxTokens,
+            stats,
+        });
+    }
+    loop {
+        if let Some(stop) = emit(next, &mut tokens, on_token) {
+            return Ok(RunOutput {
+                tokens,
+                stop,
+                stats,
+            });
+        }
+        // Never draft past the end: with `room` tokens left, k drafts and the target's
+        // own token can fill at most k + 1 (the last one may go unused).
+        let room = options.max_tokens - tokens.len();
+        let k = options.draft_max.min(room);
+        let two_pass = head.as_deref().is_some_and(|h| h.needs_last_hidden());
+
+        // Two-pass heads need the last hidden state: run `next` first.
+        if two_pass && k > 0 {
+            let t = Instant::now();
+            let l = base.forward(&[next])?;
+            stats.target_seconds += t.elapsed().as_secs_f64();
+            if let Some(h) = head.as_deref_mut() {
+                h.observe_hidden(base.last_hidden());
+            }
+            let s = Instant::now();
+            let following = sampler.pick(&l);
+            stats.sampling_seconds += s.elapsed().as_secs_f64();
+            if let Some(stop) = emit(following, &mut tokens, on_token) {
+                return Ok(RunOutput {
+                    tokens,
+                    stop,
+                    stats,
+                });
+            }
+            next = following;
+        }
+        let pos_next = base.position();
+        let drafts = match (head.as_deref_mut(), k) {
+            (Some(h), k) if k > 0 && (tokens.len() < options.max_tokens) => {
+                let t = Instant::now();
+                let d = h.draft(pos_next + 1, next, k.min(options.max_tokens - tokens.len()));
+                stats.draft_seconds += t.elapsed().as_secs_f64();
+                d.unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        if drafts.is_empty() {
+            // Plain step.
+            let t = Instant::now();
+            let l = base.forward(&[next])?;
+            stats.target_seconds += t.elapsed().as_secs_f64();
+            let s = Instant::now();
+            next = sampler.pick(&l);
+            stats.sampling_seconds += s.elapsed().as_secs_f64();
+            stats.plain_steps += 1;
+            continue;
+        }
+        // Verify [next, d1..dk] in one batch.
+        let mut batch = Vec::with_capacity(drafts.len() + 1);
+        batch.push(next);
+        batch.extend(&drafts);
+        let t = Instant::now();
+        let logits = base.forward(&batch)?;
+        stats.target_seconds += t.elapsed().as_secs_f64();
+        let s = Instant::now();
+        let draft_probs = head.as_deref().and_then(|h| h.draft_probabilities());
+        let (accepted, following) = crate::verify::verify(
+            &mut sampler,
+            &logits,
+            vocab,
+            &drafts,
+            draft_probs.as_deref(),
+        );
+        stats.sampling_seconds += s.elapsed().as_secs_f64();
+        base.truncate(pos_next + 1 + accepted)?;
+        if let Some(h) = head.as_deref_mut() {
+            h.commit_rows(accepted + 1);
+        }
+        stats.record_round(drafts.len(), accepted);
+        for &d in &drafts[..accepted] {
+            if let Some(stop) = emit(d, &mut tokens, on_token) {
+                // Positions past the stop are not part of the committed stream.
+                return Ok(RunOutput {
+                    tokens,
+                    stop,
+                    stats,
+                });
+            }
+        }
+        next = following;
+    }
+}

@@ -1,0 +1,56 @@
+//! Per-run statistics of speculative decoding.
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Verify rounds (a draft was verified).
+    pub rounds: usize,
+    /// Single-token target passes without a draft.
+    pub plain_steps: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Accepted drafts of each round, in order.
+    pub accepted_per_round: Vec<usize>,
+    /// `[i]`: rounds that drafted a token at draft position i, and how many were accepted.
+    pub offered_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+    pub target_seconds: f64,
+    pub draft_seconds: f64,
+    pub sampling_seconds: f64,
+}
+
+impl Stats {
+    pub(crate) fn record_round(&mut self, drafted: usize, accepted: usize) {
+        self.rounds += 1;
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.accepted_per_round.push(accepted);
+        if self.offered_at.len() < drafted {
+            self.offered_at.resize(drafted, 0);
+            self.accepted_at.resize(drafted, 0);
+        }
+        for i in 0..drafted {
+            self.offered_at[i] += 1;
+            if i < accepted {
+                self.accepted_at[i] += 1;
+            }
+        }
+    }
+
+    /// Acceptance rate at each draft position.
+    pub fn acceptance_by_position(&self) -> Vec<f64> {
+        self.offered_at
+            .iter()
+            .zip(&self.accepted_at)
+            .map(|(&o, &a)| a as f64 / o.max(1) as f64)
+            .collect()
+    }
+
+    /// Tokens per verify round (accepted drafts plus the target's own token).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            return 0.0;
+        }
+        (self.accepted + self.rounds) as f64 / self.rounds as f64
+    }
+}

@@ -1,0 +1,81 @@
+//! z-lab's reference trace through `mtp::run` + `DFlashHead`: `spec_tokens` and
+//! `spec_accept` exactly.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dflash_draft::{import_zlab, load_draft};
+use mtp::{run, DFlashHead, PackageHooks, RunOptions, SamplingConfig};
+use npu_runtime::{CpuTarget, Forward, HeadKind, TapRows, TargetPackage};
+use q4nx_format::Container;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+#[test]
+fn reference_trace_through_the_mtp_loop() {
+    let target_dir = tempfile::tempdir().unwrap();
+    let (writer, config, _) =
+        q4nx_format::convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
+    writer
+        .write_file(target_dir.path().join("model.q4nx"))
+        .unwrap();
+    std::fs::write(target_dir.path().join("config.json"), config.to_string()).unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    import_zlab(&fixture("dflash-ref/draft"), draft_dir.path(), None).unwrap();
+    let package = TargetPackage::open(target_dir.path()).unwrap();
+    let draft = load_draft(draft_dir.path()).unwrap();
+    let weights = draft.weights().unwrap();
+    let reference = Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
+    let ints = |n: &str| -> Vec<u32> {
+        reference
+            .tensor(n)
+            .unwrap()
+            .to_i64()
+            .unwrap()
+            .iter()
+            .map(|&v| v as u32)
+            .collect()
+    };
+
+    let mut target = CpuTarget::new(&package).unwrap();
+    let sink = Arc::new(Mutex::new(TapRows::new(0)));
+    target
+        .set_layer_taps(&draft.config.target_layer_ids, sink.clone())
+        .unwrap();
+    let hooks = PackageHooks::new(&package, HeadKind::Tiles).unwrap();
+    let mut head = DFlashHead::new(&weights, Box::new(hooks), sink.clone());
+    // z-lab's loop runs past the 48th token in its last round; give room for that.
+    let options = RunOptions {
+        max_tokens: 64,
+        draft_max: 7,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        },
+    };
+    let out = run(
+        &mut target,
+        Some(&mut head),
+        &ints("prompt"),
+        &options,
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(out.tokens[..48], ints("spec_tokens")[..]);
+    let accept: Vec<u32> = out
+        .stats
+        .accepted_per_round
+        .iter()
+        .take(11)
+        .map(|&a| a as u32 + 1)
+        .collect();
+    assert_eq!(accept, ints("spec_accept"));
+    // The sink holds exactly the committed positions.
+    assert_eq!(sink.lock().unwrap().rows(), target.position());
+}

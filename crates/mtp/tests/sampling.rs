@@ -1,0 +1,217 @@
+//! Speculative sampling keeps the target's distribution: a chi-squared comparison of
+//! the first three sampled tokens (64 outcomes) under plain sampling and under
+//! speculation, on a toy base with a 4-token vocabulary.
+
+use std::sync::Arc;
+
+use mtp::{run, DraftHead, RunOptions, SamplingConfig};
+use npu_runtime::{Family, Forward, TapSink, TargetConfig, TargetError};
+
+/// Logits depend on the position and the last token only.
+struct ToyBase {
+    config: Arc<TargetConfig>,
+    tokens: Vec<u32>,
+}
+
+fn toy_logits(pos: usize, token: u32) -> Vec<f32> {
+    (0..4)
+        .map(|v| (((pos * 7 + token as usize * 5 + v * 3) % 11) as f32) * 0.35 - (v as f32) * 0.2)
+        .collect()
+}
+
+impl Forward for ToyBase {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+    fn position(&self) -> usize {
+        self.tokens.len()
+    }
+    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for &t in tokens {
+            out.extend(toy_logits(self.tokens.len(), t));
+            self.tokens.push(t);
+        }
+        Ok(out)
+    }
+    fn last_hidden(&self) -> &[f32] {
+        &[]
+    }
+    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
+        if len > self.tokens.len() {
+            return Err(TargetError::TruncateBeyond {
+                len,
+                position: self.tokens.len(),
+            });
+        }
+        self.tokens.truncate(len);
+        Ok(())
+    }
+    fn set_layer_taps(&mut self, _: &[usize], _: TapSink) -> npu_runtime::Result<()> {
+        Ok(())
+    }
+    fn clear_layer_taps(&mut self) {}
+    fn embed(&self, _: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        Ok(Vec::new())
+    }
+    fn lm_head(&self, _: &[f32], _: usize) -> Vec<f32> {
+        Vec::new()
+    }
+}
+
+fn toy() -> ToyBase {
+    ToyBase {
+        config: Arc::new(TargetConfig {
+            family: Family::Llama,
+            vocab_size: 4,
+            hidden_size: 2,
+            intermediate_size: 2,
+            num_layers: 1,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 2,
+            rope_theta: 1.0,
+            rms_eps: 1e-6,
+            max_positions: 1000,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            chat_template: None,
+            lm_head_requantized: false,
+        }),
+        tokens: Vec::new(),
+    }
+}
+
+/// Deterministic drafts: `(last + i + 1) % 4`.
+struct Guesser;
+
+impl DraftHead for Guesser {
+    fn needs_last_hidden(&self) -> bool {
+        false
+    }
+    fn draft(&mut self, _pos: usize, last: u32, k: usize) -> Option<Vec<u32>> {
+        Some((0..k as u32).map(|i| (last + i + 1) % 4).collect())
+    }
+    fn commit_rows(&mut self, _: usize) {}
+    fn reset(&mut self) {}
+    fn error(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Random drafts from a fixed distribution q, exposed for the min(1, p/q) rule.
+struct QDrafter {
+    state: u64,
+    q: Vec<f32>,
+    last_k: usize,
+}
+
+impl DraftHead for QDrafter {
+    fn needs_last_hidden(&self) -> bool {
+        false
+    }
+    fn draft(&mut self, _pos: usize, _last: u32, k: usize) -> Option<Vec<u32>> {
+        self.last_k = k;
+        Some(
+            (0..k)
+                .map(|_| {
+                    self.state = self
+                        .state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let u = (self.state >> 40) as f32 / (1u64 << 24) as f32;
+                    let mut acc = 0.0;
+                    for (i, &p) in self.q.iter().enumerate() {
+                        acc += p;
+                        if u < acc {
+                            return i as u32;
+                        }
+                    }
+                    3
+                })
+                .collect(),
+        )
+    }
+    fn commit_rows(&mut self, _: usize) {}
+    fn reset(&mut self) {}
+    fn error(&self) -> Option<String> {
+        None
+    }
+    fn draft_probabilities(&self) -> Option<Vec<Vec<f32>>> {
+        Some(vec![self.q.clone(); self.last_k])
+    }
+}
+
+fn histogram(mut head: impl FnMut(u64) -> Option<Box<dyn DraftHead>>, trials: u64) -> Vec<f64> {
+    let mut counts = vec![0f64; 64];
+    for seed in 0..trials {
+        let mut base = toy();
+        let options = RunOptions {
+            max_tokens: 3,
+            draft_max: 3,
+            stop_tokens: vec![],
+            sampling: SamplingConfig {
+                temperature: 1.0,
+                top_p: 1.0,
+                seed,
+            },
+        };
+        let out = match head(seed) {
+            Some(mut h) => run(&mut base, Some(&mut *h), &[1, 2], &options, &mut |_| true),
+            None => run(&mut base, None, &[1, 2], &options, &mut |_| true),
+        }
+        .unwrap();
+        let t = &out.tokens;
+        counts[(t[0] * 16 + t[1] * 4 + t[2]) as usize] += 1.0;
+    }
+    counts
+}
+
+/// Two-sample chi-squared statistic over the cells either sample hit.
+fn chi2(a: &[f64], b: &[f64]) -> (f64, usize) {
+    let (na, nb): (f64, f64) = (a.iter().sum(), b.iter().sum());
+    let mut stat = 0.0;
+    let mut cells = 0;
+    for (&x, &y) in a.iter().zip(b) {
+        if x + y == 0.0 {
+            continue;
+        }
+        cells += 1;
+        let ka = (nb / na).sqrt();
+        let kb = (na / nb).sqrt();
+        stat += (ka * x - kb * y).powi(2) / (x + y);
+    }
+    (stat, cells - 1)
+}
+
+#[test]
+fn speculative_sampling_matches_plain_sampling() {
+    let trials = 6000;
+    let plain = histogram(|_| None, trials);
+    let exact = histogram(|_| Some(Box::new(Guesser)), trials);
+    let q = histogram(
+        |seed| {
+            Some(Box::new(QDrafter {
+                state: seed * 7919 + 1,
+                q: vec![0.4, 0.3, 0.2, 0.1],
+                last_k: 0,
+            }))
+        },
+        trials,
+    );
+    for (name, spec) in [("exact-match rule", &exact), ("min(1, p/q) rule", &q)] {
+        let (stat, df) = chi2(&plain, spec);
+        // 99.9th percentile of chi-squared with df <= 63 is at most 103.4.
+        eprintln!("{name}: chi2 {stat:.1} with {df} degrees of freedom");
+        assert!(
+            stat < 103.4,
+            "{name}: chi2 {stat:.1} (df {df}) says the distributions differ"
+        );
+    }
+    // And the test can fail: a biased sampler is detected.
+    let mut biased = plain.clone();
+    biased[0] += 300.0;
+    biased[63] = (biased[63] - 300.0).max(0.0);
+    assert!(chi2(&plain, &biased).0 > 103.4);
+}

@@ -1,0 +1,274 @@
+//! The upstream DFlashHead test, on the real CPU target (tiny-qwen3) and a synthetic
+//! draft: pick rules always right / every third wrong / always wrong, k = 2 and 7,
+//! block 8, 30 tokens. Checks:
+//! 1. the text equals plain decoding's;
+//! 2. the sink ends holding exactly the committed stream's rows, bit for bit;
+//! 3. every draft equals the draft forward from scratch over the committed rows, bit for bit;
+//! 4. always-right accepts every draft (k = 7: 26 of 26 in 4 rounds), always-wrong none,
+//!    the mixed rule a prefix.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dflash_draft::synthetic::write_synthetic;
+use dflash_draft::{draft_forward, load_draft, DraftConfig, DraftHooks, DEFAULT_WEIGHTS};
+use mtp::{run, DFlashHead, DraftHead, PackageHooks, RunOptions, SamplingConfig};
+use npu_runtime::{argmax, CpuTarget, Forward, HeadKind, TapRows, TapSink, TargetPackage};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn draft_config() -> DraftConfig {
+    DraftConfig {
+        num_layers: 1,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 32,
+        block_size: 8,
+        mask_token_id: 511,
+        target_layer_ids: vec![0, 1],
+        sliding_window: None,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-6,
+        embedding_scale: 1.0,
+        vocab_size: Some(512),
+        max_position_embeddings: 256,
+        weights: DEFAULT_WEIGHTS.into(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Rule {
+    Right,
+    EveryThirdWrong,
+    Wrong,
+}
+
+/// Embeds with the target's embedding; picks by rule from the known plain stream,
+/// using the sink's row count (the block's start position) to know where it is.
+struct RuleHooks<'p> {
+    inner: PackageHooks<'p>,
+    stream: Vec<u32>,
+    sink: TapSink,
+    rule: Rule,
+}
+
+impl DraftHooks for RuleHooks<'_> {
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        self.inner.embed(tokens)
+    }
+    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+        let _ = self.inner.pick(hidden, n); // the real scoring still runs
+        let start = self.sink.lock().unwrap().rows();
+        (0..n)
+            .map(|i| {
+                let p = start + 1 + i;
+                let t = self.stream.get(p).copied().unwrap_or(0);
+                let wrong = match self.rule {
+                    Rule::Right => false,
+                    Rule::EveryThirdWrong => p.is_multiple_of(3),
+                    Rule::Wrong => true,
+                };
+                if wrong {
+                    (t + 1) % 512
+                } else {
+                    t
+                }
+            })
+            .collect()
+    }
+}
+
+/// Wraps the head to check every draft against a scratch forward (check 3).
+struct Checked<'h, 'w, 'a> {
+    head: DFlashHead<'w, 'a>,
+    weights: &'w dflash_draft::DraftWeights<'a>,
+    hooks: &'h dyn DraftHooks,
+    sink: TapSink,
+    drafts_checked: usize,
+}
+
+impl DraftHead for Checked<'_, '_, '_> {
+    fn needs_last_hidden(&self) -> bool {
+        false
+    }
+    fn draft(&mut self, pos: usize, last: u32, k: usize) -> Option<Vec<u32>> {
+        let rows = self.sink.lock().unwrap().rows();
+        assert_eq!(
+            pos,
+            rows + 1,
+            "the loop drafts right after the committed rows"
+        );
+        let committed = self.sink.lock().unwrap().rows_slice(0..pos - 1).to_vec();
+        let out = self.head.draft(pos, last, k)?;
+        let mut block = vec![last];
+        block.extend([511u32; 7]);
+        let scratch = draft_forward(
+            self.weights,
+            &committed,
+            pos - 1,
+            &block,
+            pos - 1,
+            self.hooks,
+        )
+        .unwrap();
+        assert!(
+            self.head.last_output() == Some(&scratch),
+            "draft at {pos} differs from the scratch forward"
+        );
+        self.drafts_checked += 1;
+        Some(out)
+    }
+    fn commit_rows(&mut self, m: usize) {
+        self.head.commit_rows(m)
+    }
+    fn reset(&mut self) {
+        self.head.reset()
+    }
+    fn error(&self) -> Option<String> {
+        self.head.error()
+    }
+}
+
+#[test]
+fn upstream_checks_on_the_real_cpu_target() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
+    let draft = load_draft(draft_dir.path()).unwrap();
+    let weights = draft.weights().unwrap();
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 7, 255, 3, 99];
+    let greedy = RunOptions {
+        max_tokens: 30,
+        draft_max: 7,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        },
+    };
+
+    // Plain decoding: the reference text.
+    let mut plain_target = CpuTarget::new(&package).unwrap();
+    let plain = run(&mut plain_target, None, &prompt, &greedy, &mut |_| true).unwrap();
+    let mut stream = prompt.clone();
+    stream.extend(&plain.tokens);
+    // The committed stream's tap rows: one pass over it (batch invariance makes these
+    // the bits single steps write).
+    let mut tap_target = CpuTarget::new(&package).unwrap();
+    let plain_sink = Arc::new(Mutex::new(TapRows::new(0)));
+    tap_target
+        .set_layer_taps(&[0, 1], plain_sink.clone())
+        .unwrap();
+    tap_target.forward(&stream).unwrap();
+
+    for rule in [Rule::Right, Rule::EveryThirdWrong, Rule::Wrong] {
+        for k in [2usize, 7] {
+            let mut target = CpuTarget::new(&package).unwrap();
+            let sink = Arc::new(Mutex::new(TapRows::new(0)));
+            target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+            let hooks = RuleHooks {
+                inner: PackageHooks::new(&package, HeadKind::Tiles).unwrap(),
+                stream: stream.clone(),
+                sink: sink.clone(),
+                rule,
+            };
+            let check_hooks = RuleHooks {
+                inner: PackageHooks::new(&package, HeadKind::Tiles).unwrap(),
+                stream: stream.clone(),
+                sink: sink.clone(),
+                rule,
+            };
+            let head = DFlashHead::new(&weights, Box::new(hooks), sink.clone());
+            let mut checked = Checked {
+                head,
+                weights: &weights,
+                hooks: &check_hooks,
+                sink: sink.clone(),
+                drafts_checked: 0,
+            };
+            let opts = RunOptions {
+                draft_max: k,
+                ..greedy.clone()
+            };
+            let out = run(&mut target, Some(&mut checked), &prompt, &opts, &mut |_| {
+                true
+            })
+            .unwrap();
+            // 1. text
+            assert_eq!(
+                out.tokens, plain.tokens,
+                "{rule:?} k={k}: text differs from plain decoding"
+            );
+            // 2. the sink holds exactly the committed rows, bit for bit
+            let rows = sink.lock().unwrap().clone();
+            assert_eq!(rows.rows(), target.position(), "{rule:?} k={k}");
+            assert!(
+                rows.rows() + 1 >= stream.len() && rows.rows() <= stream.len(),
+                "{rule:?} k={k}: {} rows",
+                rows.rows()
+            );
+            let reference = plain_sink
+                .lock()
+                .unwrap()
+                .rows_slice(0..rows.rows())
+                .to_vec();
+            assert!(
+                rows.rows_slice(0..rows.rows()) == &reference[..],
+                "{rule:?} k={k}: sink rows differ"
+            );
+            // 3. checked inside `Checked::draft`
+            assert!(checked.drafts_checked > 0);
+            // 4. acceptance
+            let s = &out.stats;
+            match rule {
+                Rule::Right => {
+                    assert_eq!(s.accepted, s.drafted, "{rule:?} k={k}");
+                    if k == 7 {
+                        assert_eq!((s.accepted, s.drafted, s.rounds), (26, 26, 4));
+                    }
+                }
+                Rule::Wrong => assert_eq!(s.accepted, 0),
+                Rule::EveryThirdWrong => {
+                    assert!(s.accepted > 0 && s.accepted < s.drafted, "{s:?}");
+                    assert!(
+                        s.accepted_per_round.iter().all(|&a| a < 3),
+                        "a prefix up to the first wrong draft: {s:?}"
+                    );
+                }
+            }
+        }
+    }
+    let _ = argmax(&[0.0]);
+}
+
+#[test]
+fn misaligned_draft_is_refused_with_a_reason() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
+    let draft = load_draft(draft_dir.path()).unwrap();
+    let weights = draft.weights().unwrap();
+    let sink = Arc::new(Mutex::new(TapRows::new(256)));
+    for _ in 0..3 {
+        sink.lock().unwrap().push_row(&[0.0; 256]);
+    }
+    let mut head = DFlashHead::new(
+        &weights,
+        Box::new(PackageHooks::new(&package, HeadKind::Tiles).unwrap()),
+        sink,
+    );
+    assert_eq!(head.draft(6, 1, 7), None);
+    assert_eq!(
+        head.error().unwrap(),
+        "drafting at position 6 over 3 committed rows"
+    );
+    assert!(head.draft(4, 1, 7).is_some());
+    assert_eq!(head.error(), None);
+}
