@@ -31,7 +31,7 @@ pub const MUTANTS: &[Mutant] = &[
         name: "dflash-head-no-trim-after-verify",
         file: "crates/mtp/src/dflash.rs",
         find: ".truncate(mark + m);",
-        replace: ".len(); // no trim",
+        replace: ".rows(); // no trim",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: None,
     },

@@ -84,12 +84,17 @@ impl DraftHooks for RuleHooks<'_> {
     }
 }
 
-/// Wraps the head to check every draft against a scratch forward (check 3).
+/// Wraps the head to check every draft against a scratch forward over the committed
+/// rows and the committed stream's token (check 3). With `decline_every = n > 0` it
+/// declines every n-th round, so the loop takes plain steps too.
 struct Checked<'h, 'w, 'a> {
     head: DFlashHead<'w, 'a>,
     weights: &'w dflash_draft::DraftWeights<'a>,
     hooks: &'h dyn DraftHooks,
     sink: TapSink,
+    stream: Vec<u32>,
+    decline_every: usize,
+    calls: usize,
     drafts_checked: usize,
 }
 
@@ -98,6 +103,10 @@ impl DraftHead for Checked<'_, '_, '_> {
         false
     }
     fn draft(&mut self, pos: usize, last: u32, k: usize) -> Option<Vec<u32>> {
+        self.calls += 1;
+        if self.decline_every > 0 && self.calls % self.decline_every == 0 {
+            return None;
+        }
         let rows = self.sink.lock().unwrap().rows();
         assert_eq!(
             pos,
@@ -106,8 +115,10 @@ impl DraftHead for Checked<'_, '_, '_> {
         );
         let committed = self.sink.lock().unwrap().rows_slice(0..pos - 1).to_vec();
         let out = self.head.draft(pos, last, k)?;
-        let mut block = vec![last];
+        // The block starts with the committed token at pos - 1, whatever the loop passed.
+        let mut block = vec![self.stream[pos - 1]];
         block.extend([511u32; 7]);
+        let _ = last;
         let scratch = draft_forward(
             self.weights,
             &committed,
@@ -168,8 +179,15 @@ fn upstream_checks_on_the_real_cpu_target() {
         .unwrap();
     tap_target.forward(&stream).unwrap();
 
-    for rule in [Rule::Right, Rule::EveryThirdWrong, Rule::Wrong] {
-        for k in [2usize, 7] {
+    for (rule, k, decline_every) in [Rule::Right, Rule::EveryThirdWrong, Rule::Wrong]
+        .into_iter()
+        .flat_map(|r| {
+            [2usize, 7]
+                .into_iter()
+                .flat_map(move |k| [0usize, 3].into_iter().map(move |d| (r, k, d)))
+        })
+    {
+        {
             let mut target = CpuTarget::new(&package).unwrap();
             let sink = Arc::new(Mutex::new(TapRows::new(0)));
             target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
@@ -191,6 +209,9 @@ fn upstream_checks_on_the_real_cpu_target() {
                 weights: &weights,
                 hooks: &check_hooks,
                 sink: sink.clone(),
+                stream: stream.clone(),
+                decline_every,
+                calls: 0,
                 drafts_checked: 0,
             };
             let opts = RunOptions {
@@ -227,10 +248,13 @@ fn upstream_checks_on_the_real_cpu_target() {
             assert!(checked.drafts_checked > 0);
             // 4. acceptance
             let s = &out.stats;
+            if decline_every > 0 {
+                assert!(s.plain_steps > 0, "declined rounds are plain steps");
+            }
             match rule {
                 Rule::Right => {
                     assert_eq!(s.accepted, s.drafted, "{rule:?} k={k}");
-                    if k == 7 {
+                    if k == 7 && decline_every == 0 {
                         assert_eq!((s.accepted, s.drafted, s.rounds), (26, 26, 4));
                     }
                 }
