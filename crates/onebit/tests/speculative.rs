@@ -1,0 +1,176 @@
+//! Speculative decoding from the command line: `run --draft`, `run --oracle`,
+//! `bench --oracle`, `bench --draft`.
+
+mod common;
+use common::{fixture, onebit};
+
+use serde_json::Value;
+
+/// The DFlash reference pair as packages: the HF target converted, the z-lab draft imported.
+fn reference_pair() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, draft) = (dir.path().join("target"), dir.path().join("draft"));
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("dflash-ref/target"))
+        .arg(&target)
+        .assert()
+        .success();
+    onebit()
+        .arg("convert-draft")
+        .arg(fixture("dflash-ref/draft"))
+        .arg(&draft)
+        .arg("--target")
+        .arg(&target)
+        .assert()
+        .success();
+    (dir, target, draft)
+}
+
+#[test]
+fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
+    let (_dir, target, draft) = reference_pair();
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,17,300,42,7,255,3,99,128,64",
+            "--max-tokens",
+            "48",
+            "--ignore-eos",
+            "--json",
+            "--draft-max",
+            "7",
+        ])
+        .arg("--model")
+        .arg(&target)
+        .arg("--draft")
+        .arg(&draft)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference =
+        q4nx_format::Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
+    let spec: Vec<i64> = reference.tensor("spec_tokens").unwrap().to_i64().unwrap();
+    let tokens: Vec<i64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    assert_eq!(tokens, spec);
+    let s = &v["speculative"];
+    let rounds: Vec<u64> = s["accepted_per_round"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_u64().unwrap())
+        .collect();
+    // z-lab's first ten rounds (its eleventh runs past the 48th token).
+    assert_eq!(rounds[..10], [3, 0, 7, 4, 4, 0, 0, 7, 3, 5]);
+    assert_eq!(s["rounds"].as_u64().unwrap(), rounds.len() as u64);
+    assert_eq!(s["accepted"].as_u64().unwrap(), rounds.iter().sum::<u64>());
+    assert!(s["acceptance_by_position"].as_array().unwrap().len() == 7);
+}
+
+#[test]
+fn oracle_side_by_side_and_bench() {
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,17,300",
+            "--max-tokens",
+            "40",
+            "--ignore-eos",
+            "--json",
+            "--oracle",
+            "every-third",
+            "--model",
+        ])
+        .arg(fixture("tiny-qwen3"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["texts_equal"], true);
+    assert_eq!(v["plain"]["tokens"], v["speculative"]["tokens"]);
+    let stats = &v["speculative"]["stats"];
+    assert!(stats["accepted"].as_u64().unwrap() < stats["drafted"].as_u64().unwrap());
+
+    for rule in ["always", "never"] {
+        let out = onebit()
+            .args([
+                "bench",
+                "--json",
+                "--tokens",
+                "30",
+                "--draft-max",
+                "7",
+                "--oracle",
+                rule,
+                "--model",
+            ])
+            .arg(fixture("tiny-llama"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let row = &v["speculative"][0];
+        assert_eq!(row["text_equals_plain"], true);
+        let (acc, drafted) = (
+            row["stats"]["accepted"].as_u64().unwrap(),
+            row["stats"]["drafted"].as_u64().unwrap(),
+        );
+        if rule == "always" {
+            assert_eq!(acc, drafted);
+        } else {
+            assert_eq!(acc, 0);
+        }
+    }
+}
+
+#[test]
+fn bench_sweeps_k_for_a_draft() {
+    let (_dir, target, draft) = reference_pair();
+    let out = onebit()
+        .args(["bench", "--json", "--tokens", "24"])
+        .arg("--model")
+        .arg(&target)
+        .arg("--draft")
+        .arg(&draft)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ks: Vec<u64> = v["speculative"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["k"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ks, [1, 2, 3, 4, 5, 6, 7]);
+    assert!(v["speculative"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["text_equals_plain"] == true));
+}
