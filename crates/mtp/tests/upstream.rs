@@ -104,7 +104,7 @@ impl DraftHead for Checked<'_, '_, '_> {
     }
     fn draft(&mut self, pos: usize, last: u32, k: usize) -> Option<Vec<u32>> {
         self.calls += 1;
-        if self.decline_every > 0 && self.calls % self.decline_every == 0 {
+        if self.decline_every > 0 && self.calls.is_multiple_of(self.decline_every) {
             return None;
         }
         let rows = self.sink.lock().unwrap().rows();
