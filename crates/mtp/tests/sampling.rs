@@ -215,3 +215,57 @@ fn speculative_sampling_matches_plain_sampling() {
     biased[63] = (biased[63] - 300.0).max(0.0);
     assert!(chi2(&plain, &biased).0 > 103.4);
 }
+
+/// A classic MTP head drafts from the target's last hidden state: the loop takes the
+/// two-pass round, and greedy text still equals plain greedy text.
+struct HiddenHead {
+    seen_hidden: usize,
+}
+
+impl DraftHead for HiddenHead {
+    fn needs_last_hidden(&self) -> bool {
+        true
+    }
+    fn draft(&mut self, _pos: usize, last: u32, k: usize) -> Option<Vec<u32>> {
+        Some((0..k as u32).map(|i| (last + i) % 4).collect())
+    }
+    fn commit_rows(&mut self, _: usize) {}
+    fn reset(&mut self) {}
+    fn error(&self) -> Option<String> {
+        None
+    }
+    fn observe_hidden(&mut self, _hidden: &[f32]) {
+        self.seen_hidden += 1;
+    }
+}
+
+#[test]
+fn two_pass_round_keeps_greedy_text() {
+    let greedy = RunOptions {
+        max_tokens: 40,
+        draft_max: 3,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        },
+    };
+    let plain = run(&mut toy(), None, &[1, 2], &greedy, &mut |_| true).unwrap();
+    let mut head = HiddenHead { seen_hidden: 0 };
+    let mut base = toy();
+    let spec = run(&mut base, Some(&mut head), &[1, 2], &greedy, &mut |_| true).unwrap();
+    assert_eq!(spec.tokens, plain.tokens);
+    assert!(
+        head.seen_hidden > 0,
+        "the head saw the first pass's hidden state"
+    );
+    assert!(spec.stats.rounds > 0);
+    // The target holds exactly the committed stream: prompt plus emitted tokens, minus
+    // the last one (not yet run) or including it (an accepted draft was run).
+    assert!(
+        base.tokens.len() + 1 >= 2 + spec.tokens.len()
+            && base.tokens.len() <= 2 + spec.tokens.len()
+    );
+    assert_eq!(base.tokens[2..], spec.tokens[..base.tokens.len() - 2]);
+}

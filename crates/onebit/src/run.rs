@@ -216,15 +216,9 @@ pub fn stats_json(s: &mtp::Stats) -> serde_json::Value {
     })
 }
 
-/// `--oracle`: plain and speculative decoding of the same prompt, side by side.
-fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
-    if args.temp > 0.0 {
-        bail!("run: --oracle compares greedy decodings; drop --temp");
-    }
-    let package = args.target.package()?;
-    let text = Text::open(&args.target.model).ok();
-    let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let options = RunOptions {
+/// The loop options `args` ask for.
+fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
+    RunOptions {
         max_tokens: args.max_tokens,
         draft_max: args.draft_max,
         stop_tokens: if args.ignore_eos {
@@ -233,11 +227,22 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
             package.config.eos_token_ids.clone()
         },
         sampling: SamplingConfig {
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
+            temperature: args.temp,
+            top_p: args.top_p,
+            seed: args.seed,
         },
-    };
+    }
+}
+
+/// `--oracle`: plain and speculative decoding of the same prompt, side by side.
+fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
+    if args.temp > 0.0 {
+        bail!("run: --oracle compares greedy decodings; drop --temp");
+    }
+    let package = args.target.package()?;
+    let text = Text::open(&args.target.model).ok();
+    let prompt = prompt_ids(args, &package, text.as_ref())?;
+    let options = run_options(args, &package);
     let show = |ids: &[u32]| -> String {
         match &text {
             Some(t) => t.decode(ids).unwrap_or_default(),
@@ -316,20 +321,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
     let mut target = args.target.target(&package)?;
-    let options = RunOptions {
-        max_tokens: args.max_tokens,
-        draft_max: args.draft_max,
-        stop_tokens: if args.ignore_eos {
-            Vec::new()
-        } else {
-            package.config.eos_token_ids.clone()
-        },
-        sampling: SamplingConfig {
-            temperature: args.temp,
-            top_p: args.top_p,
-            seed: args.seed,
-        },
-    };
+    let options = run_options(args, &package);
     let draft = match &args.draft {
         Some(dir) => Some(DraftSetup::open(dir, &package, &args.target.model)?),
         None => None,

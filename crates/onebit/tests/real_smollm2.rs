@@ -298,3 +298,49 @@ fn real_smollm2_chat_answers_in_coherent_english() {
         );
     }
 }
+
+/// SmolLM2 with oracle drafters: speculative text equals plain text for 200 tokens.
+#[test]
+fn real_smollm2_speculative_text_equals_plain_for_200_tokens() {
+    let Some((_, pkg)) = smollm2("real_smollm2_speculative_text_equals_plain_for_200_tokens")
+    else {
+        return;
+    };
+    for rule in ["always", "every-third"] {
+        let out = Command::cargo_bin("onebit")
+            .unwrap()
+            .args([
+                "run",
+                "--chat",
+                "--json",
+                "--ignore-eos",
+                "--max-tokens",
+                "200",
+                "--draft-max",
+                "7",
+                "--oracle",
+                rule,
+            ])
+            .args([
+                "--prompt",
+                "Tell me about the history of the printing press.",
+                "--model",
+            ])
+            .arg(&pkg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["texts_equal"], true, "{rule}");
+        assert_eq!(v["plain"]["tokens"].as_array().unwrap().len(), 200);
+        eprintln!(
+            "{rule}: plain {:.1} tok/s, speculative {:.1} tok/s",
+            v["plain"]["tokens_per_second"].as_f64().unwrap(),
+            v["speculative"]["tokens_per_second"].as_f64().unwrap()
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! `onebit run` and `onebit bench` as a user runs them.
 
 mod common;
-use common::{fixture, onebit};
+use common::{fixture, json_of, onebit};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -40,12 +40,7 @@ fn greedy_run_reproduces_the_reference_continuation() {
             .arg(fixture(dir))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_of(out);
         let tokens: Vec<u64> = v["tokens"]
             .as_array()
             .unwrap()
@@ -143,12 +138,7 @@ fn bench_reports_json() {
         .arg(fixture("tiny-llama"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(out);
     assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(v["read_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
     let passes = v["passes"].as_array().unwrap();

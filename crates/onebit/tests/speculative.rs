@@ -2,9 +2,7 @@
 //! `bench --oracle`, `bench --draft`.
 
 mod common;
-use common::{fixture, onebit};
-
-use serde_json::Value;
+use common::{fixture, json_of, onebit};
 
 /// The DFlash reference pair as packages: the HF target converted, the z-lab draft imported.
 fn reference_pair() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
@@ -49,12 +47,7 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
         .arg(&draft)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(out);
     let reference =
         q4nx_format::Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
     let spec: Vec<i64> = reference.tensor("spec_tokens").unwrap().to_i64().unwrap();
@@ -97,12 +90,7 @@ fn oracle_side_by_side_and_bench() {
         .arg(fixture("tiny-qwen3"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(out);
     assert_eq!(v["texts_equal"], true);
     assert_eq!(v["plain"]["tokens"], v["speculative"]["tokens"]);
     let stats = &v["speculative"]["stats"];
@@ -124,12 +112,7 @@ fn oracle_side_by_side_and_bench() {
             .arg(fixture("tiny-llama"))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_of(out);
         let row = &v["speculative"][0];
         assert_eq!(row["text_equals_plain"], true);
         let (acc, drafted) = (
@@ -155,12 +138,7 @@ fn bench_sweeps_k_for_a_draft() {
         .arg(&draft)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(out);
     let ks: Vec<u64> = v["speculative"]
         .as_array()
         .unwrap()

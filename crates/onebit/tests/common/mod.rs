@@ -14,3 +14,13 @@ pub fn fixture(name: &str) -> PathBuf {
 pub fn onebit() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("onebit").unwrap()
 }
+
+/// The JSON object a successful `--json` run printed (panics with its stderr otherwise).
+pub fn json_of(out: std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
