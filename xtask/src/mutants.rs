@@ -118,8 +118,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-cache-ropes-new-rows-from-position-0",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "c.rms_norm_eps,\n                self.len,",
-        replace: "c.rms_norm_eps,\n                0,",
+        find: "let start = self.len;",
+        replace: "let start = 0;",
         tests: &["-p", "dflash-draft", "--test", "cached", "--test", "reference"],
         also: None,
     },

@@ -181,30 +181,58 @@ impl DraftKvCache {
         }
         let fused = fuse_context(w, tap_rows, n);
         let (cos, sin) = rope_tables(c, self.len + n);
-        let hd = c.head_dim;
+        let start = self.len;
         for (l, layer) in w.layers.iter().enumerate() {
-            let mut k = w.project(&layer.k, &fused, n);
-            let v = w.project(&layer.v, &fused, n);
-            kernels::norm_and_rope(
-                &mut k,
-                c.num_kv_heads,
-                hd,
-                Some(&layer.k_norm),
-                c.rms_norm_eps,
-                self.len,
-                &cos,
-                &sin,
+            append_kv(
+                w,
+                layer,
+                &fused,
+                n,
+                start,
+                (&cos, &sin),
+                &mut self.keys[l],
+                &mut self.values[l],
             );
-            for i in 0..n {
-                for kh in 0..c.num_kv_heads {
-                    let at = (i * c.num_kv_heads + kh) * hd;
-                    self.keys[l][kh].extend_from_slice(&k[at..at + hd]);
-                    self.values[l][kh].extend_from_slice(&v[at..at + hd]);
-                }
-            }
         }
         self.len += n;
         Ok(())
+    }
+}
+
+/// Projects `n` rows of `x` (at positions `pos ..`) to keys `rope(k_norm(k_proj(x)))` and
+/// values `v_proj(x)`, and appends them per kv head. Context rows and block rows go
+/// through this one path, so their keys are computed identically.
+#[allow(clippy::too_many_arguments)]
+fn append_kv(
+    w: &DraftWeights,
+    layer: &LayerViews,
+    x: &[f32],
+    n: usize,
+    pos: usize,
+    (cos, sin): (&[f32], &[f32]),
+    keys: &mut [Vec<f32>],
+    values: &mut [Vec<f32>],
+) {
+    let c = &w.config;
+    let hd = c.head_dim;
+    let mut k = w.project(&layer.k, x, n);
+    let v = w.project(&layer.v, x, n);
+    kernels::norm_and_rope(
+        &mut k,
+        c.num_kv_heads,
+        hd,
+        Some(&layer.k_norm),
+        c.rms_norm_eps,
+        pos,
+        cos,
+        sin,
+    );
+    for i in 0..n {
+        for kh in 0..c.num_kv_heads {
+            let at = (i * c.num_kv_heads + kh) * hd;
+            keys[kh].extend_from_slice(&k[at..at + hd]);
+            values[kh].extend_from_slice(&v[at..at + hd]);
+        }
     }
 }
 
@@ -237,10 +265,12 @@ fn check_block(c: &DraftConfig, block: &[u32], pos: usize, cache_len: usize) -> 
     Ok(())
 }
 
-/// Runs the block over a cache holding exactly the committed context.
+/// Runs the block over a cache holding exactly the committed context. The block's keys
+/// and values are appended to the cache for the pass and removed again before it
+/// returns, so the cache keeps only committed positions (and no copy of it is made).
 fn run_block(
     w: &DraftWeights,
-    cache: &DraftKvCache,
+    cache: &mut DraftKvCache,
     block: &[u32],
     pos: usize,
     hooks: &dyn DraftHooks,
@@ -262,8 +292,6 @@ fn run_block(
     for (l, layer) in w.layers.iter().enumerate() {
         kernels::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
         let mut q = w.project(&layer.q, &normed, b);
-        let mut k = w.project(&layer.k, &normed, b);
-        let v = w.project(&layer.v, &normed, b);
         kernels::norm_and_rope(
             &mut q,
             c.num_heads,
@@ -274,26 +302,18 @@ fn run_block(
             &cos,
             &sin,
         );
-        kernels::norm_and_rope(
-            &mut k,
-            c.num_kv_heads,
-            hd,
-            Some(&layer.k_norm),
-            c.rms_norm_eps,
-            pos,
-            &cos,
-            &sin,
-        );
         // Keys and values per kv head: committed context, then the whole block.
-        let mut keys: Vec<Vec<f32>> = cache.keys[l].clone();
-        let mut values: Vec<Vec<f32>> = cache.values[l].clone();
-        for i in 0..b {
-            for kh in 0..c.num_kv_heads {
-                let at = (i * c.num_kv_heads + kh) * hd;
-                keys[kh].extend_from_slice(&k[at..at + hd]);
-                values[kh].extend_from_slice(&v[at..at + hd]);
-            }
-        }
+        append_kv(
+            w,
+            layer,
+            &normed,
+            b,
+            pos,
+            (&cos, &sin),
+            &mut cache.keys[l],
+            &mut cache.values[l],
+        );
+        let (keys, values) = (&cache.keys[l], &cache.values[l]);
         let total = cache.len + b;
         let mut attn = vec![0f32; b * qd];
         for i in 0..b {
@@ -330,6 +350,8 @@ fn run_block(
         }
         layer_outputs.push(x.clone());
     }
+    // Drop the block's keys and values: only committed positions stay cached.
+    cache.truncate(cache.len, hd);
     let mut hidden = vec![0f32; b * h];
     kernels::rms_norm(&x, &w.final_norm, c.rms_norm_eps, &mut hidden);
     let tokens = hooks.pick(&hidden[h..], b - 1);
@@ -352,7 +374,7 @@ pub fn draft_forward(
     let mut cache = DraftKvCache::new(&w.config);
     cache.fold(w, committed_tap_rows, n_ctx)?;
     check_block(&w.config, block, pos, cache.len())?;
-    Ok(run_block(w, &cache, block, pos, hooks))
+    Ok(run_block(w, &mut cache, block, pos, hooks))
 }
 
 /// Drafts a block with a persistent cache: `new_rows` (`n_new` committed tap rows not
