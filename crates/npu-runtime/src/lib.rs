@@ -27,6 +27,7 @@ mod error;
 mod forward;
 pub mod kernels;
 mod model;
+pub mod npu;
 
 pub use cpu::{CpuTarget, HeadKind};
 pub use error::{Result, TargetError};

@@ -128,6 +128,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             json!({
                 "model": args.target.model.display().to_string(),
                 "threads": threads,
+                "backend": target.backend(),
                 "kernel": target.kernel().name(),
                 "head": format!("{:?}", target.head()).to_lowercase(),
                 "read_bandwidth_gb_s": bandwidth,
@@ -142,8 +143,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{}: {} threads, {} kernel, {:?} head",
+            "{}: {} backend, {} threads, {} kernel, {:?} head",
             args.target.model.display(),
+            target.backend(),
             threads,
             target.kernel().name(),
             target.head()

@@ -8,9 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod backend;
 mod bench;
 mod convert;
 mod convert_draft;
+mod doctor;
 mod inspect;
 mod run;
 mod text;
@@ -35,6 +37,9 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prefill and decode speed, n-row pass costs and memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Report what this machine offers: CPU kernels, XRT, the NPU and why it is or is
+    /// not usable; optionally check a model's NPU plan and a kernel manifest.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
         Command::ConvertDraft(args) => convert_draft::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,7 +7,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Kernel;
-use npu_runtime::{CpuTarget, Forward, HeadKind, TargetPackage};
+use npu_runtime::{Forward, HeadKind, TargetPackage};
+
+use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
 use serde_json::json;
 
 use crate::text::{render_chat, StreamDecoder, Text};
@@ -29,6 +31,16 @@ pub struct TargetArgs {
     /// Matmul kernel (auto: the fastest this CPU supports).
     #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
     pub kernel: KernelArg,
+    /// Where the target runs: cpu, sim (the NPU dispatch plan on a simulated device)
+    /// or npu (XRT; needs a build with the `xrt` feature and --kernels).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// The NPU kernel manifest (JSON; see docs/npu.md), for --backend npu.
+    #[arg(long)]
+    pub kernels: Option<PathBuf>,
+    /// The XRT device index, for --backend npu.
+    #[arg(long, default_value_t = 0)]
+    pub device: u32,
 }
 
 impl TargetArgs {
@@ -37,14 +49,24 @@ impl TargetArgs {
         Ok(TargetPackage::open(&self.model)?)
     }
 
-    /// A CPU target over `package` with these options.
-    pub fn target<'a>(&self, package: &'a TargetPackage) -> Result<CpuTarget<'a>> {
+    /// A target over `package` on the chosen backend with these options.
+    pub fn target<'a>(&self, package: &'a TargetPackage) -> Result<Target<'a>> {
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
-        let mut target = CpuTarget::with_options(package, self.kernel.resolve()?, self.threads)?;
-        self.head.apply(&mut target)?;
-        Ok(target)
+        let npu = NpuOptions {
+            kernels: self.kernels.clone(),
+            device: self.device,
+        };
+        check_npu_options(self.backend, &npu)?;
+        Target::open(
+            package,
+            self.backend,
+            self.kernel.resolve()?,
+            self.threads,
+            self.head.kind(),
+            &npu,
+        )
     }
 }
 
@@ -129,12 +151,12 @@ pub enum HeadArg {
 }
 
 impl HeadArg {
-    /// Applies the choice to a target (auto keeps the package default).
-    pub fn apply(self, target: &mut CpuTarget) -> Result<()> {
+    /// The chosen head (auto keeps the package default).
+    pub fn kind(self) -> Option<HeadKind> {
         match self {
-            HeadArg::Auto => Ok(()),
-            HeadArg::Tiles => Ok(target.set_head(HeadKind::Tiles)?),
-            HeadArg::Embedding => Ok(target.set_head(HeadKind::Embedding)?),
+            HeadArg::Auto => None,
+            HeadArg::Tiles => Some(HeadKind::Tiles),
+            HeadArg::Embedding => Some(HeadKind::Embedding),
         }
     }
 }
@@ -388,6 +410,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 "decode_seconds": decode,
                 "decode_tokens_per_second": decode_tps,
             },
+            "backend": target.backend(),
             "kernel": target.kernel().name(),
             "threads": target.threads(),
         });

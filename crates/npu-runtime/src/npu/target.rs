@@ -1,0 +1,272 @@
+//! [`NpuTarget`]: the [`Forward`] trait over a device running a [`DispatchPlan`].
+
+use super::device::Device;
+use super::pack;
+use super::plan::{BufferRole, DispatchPlan, PassArgs, PlanOptions};
+use crate::cpu::HeadKind;
+use crate::error::{Result, TargetError};
+use crate::forward::{Forward, TapRows, TapSink};
+use crate::model::{TargetConfig, TargetPackage, TargetWeights};
+
+/// A target model on a device.
+pub struct NpuTarget<'a, D: Device> {
+    config: TargetConfig,
+    weights: TargetWeights<'a>,
+    device: D,
+    plan: DispatchPlan,
+    position: usize,
+    sink: Option<TapSink>,
+    last_hidden: Vec<f32>,
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+impl<'a, D: Device> NpuTarget<'a, D> {
+    /// Builds the plan for `package`, allocates it on `device` and uploads the packed
+    /// weights.
+    pub fn new(package: &'a TargetPackage, device: D, options: PlanOptions) -> Result<Self> {
+        let config = package.config.clone();
+        if options.head == HeadKind::Embedding && !config.tie_word_embeddings {
+            return Err(TargetError::Unsupported(
+                "the embedding can only serve as the head of a model with tie_word_embeddings"
+                    .into(),
+            ));
+        }
+        let weights = package.weights()?;
+        let mut target = NpuTarget {
+            plan: DispatchPlan::build(&config, &options)?,
+            config,
+            weights,
+            device,
+            position: 0,
+            sink: None,
+            last_hidden: Vec::new(),
+        };
+        target.load_plan()?;
+        Ok(target)
+    }
+
+    /// (Re)allocates the plan's buffers and uploads weights; KV content is lost, so
+    /// this only runs on an empty cache.
+    fn load_plan(&mut self) -> Result<()> {
+        let ops: Vec<_> = self.plan.steps.iter().map(|s| s.op.clone()).collect();
+        self.device.allocate(&self.plan.buffers, &ops)?;
+        for (id, spec) in self.plan.buffers.iter().enumerate() {
+            if spec.role == BufferRole::Weights {
+                let bytes = pack::pack(
+                    &self.config,
+                    &self.weights,
+                    spec,
+                    self.plan.geometry.capacity,
+                )?;
+                self.device.write(id, 0, &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan being run.
+    pub fn plan(&self) -> &DispatchPlan {
+        &self.plan
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The head in use.
+    pub fn head(&self) -> HeadKind {
+        self.plan.options.head
+    }
+
+    fn pass(&mut self, tokens: &[u32], logits: &mut Vec<f32>) -> Result<()> {
+        let n = tokens.len();
+        let g = self.plan.geometry;
+        let ids: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        self.device.write(self.plan.tokens, 0, &ids)?;
+        let args = PassArgs {
+            rows: n,
+            position: self.position,
+        };
+        let ops: Vec<_> = self.plan.steps.iter().map(|s| &s.op).collect();
+        self.device.run_all(&ops, &g, args)?;
+        self.position += n;
+
+        let mut bytes = vec![0u8; n * g.vocab * 4];
+        self.device.read(self.plan.logits, 0, &mut bytes)?;
+        logits.extend(f32s(&bytes));
+        let mut bytes = vec![0u8; n * g.hidden * 4];
+        self.device.read(self.plan.final_hidden, 0, &mut bytes)?;
+        self.last_hidden.extend(f32s(&bytes));
+        if let (Some(sink), Some(tap_rows)) = (&self.sink, self.plan.tap_rows) {
+            let width = g.hidden * g.taps;
+            let mut bytes = vec![0u8; n * width * 4];
+            self.device.read(tap_rows, 0, &mut bytes)?;
+            let rows = f32s(&bytes);
+            let mut sink = sink.lock().expect("tap sink lock poisoned");
+            for row in rows.chunks_exact(width) {
+                sink.push_row(row);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> Forward for NpuTarget<'_, D> {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+
+    fn position(&self) -> usize {
+        self.position
+    }
+
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let capacity = self.plan.geometry.capacity;
+        if self.position + tokens.len() > capacity {
+            return Err(TargetError::TooLong {
+                position: self.position,
+                n: tokens.len(),
+                max: capacity,
+            });
+        }
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(TargetError::TokenOutOfRange {
+                token: t,
+                vocab: self.config.vocab_size,
+            });
+        }
+        self.last_hidden.clear();
+        let mut logits = Vec::with_capacity(tokens.len() * self.config.vocab_size);
+        // Longer passes run in chunks of max_rows: the kernels are batch invariant, so
+        // the bits are those of one pass.
+        for chunk in tokens.chunks(self.plan.geometry.max_rows) {
+            self.pass(chunk, &mut logits)?;
+        }
+        Ok(logits)
+    }
+
+    fn last_hidden(&self) -> &[f32] {
+        &self.last_hidden
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.position {
+            return Err(TargetError::TruncateBeyond {
+                len,
+                position: self.position,
+            });
+        }
+        // The KV buffers keep their rows; positions at or past `len` are never read
+        // again (attention reads `..=position + i`) and are overwritten by the next pass.
+        self.position = len;
+        Ok(())
+    }
+
+    fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> Result<()> {
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.config.num_layers) {
+            return Err(TargetError::TapLayer {
+                layer: bad,
+                layers: self.config.num_layers,
+            });
+        }
+        let width = layers.len() * self.config.hidden_size;
+        {
+            let mut s = sink.lock().expect("tap sink lock poisoned");
+            if s.width() != width {
+                if s.rows() > 0 {
+                    return Err(TargetError::Unsupported(format!(
+                        "tap sink holds rows of width {}, but {} taps of hidden {} make {width}",
+                        s.width(),
+                        layers.len(),
+                        self.config.hidden_size
+                    )));
+                }
+                *s = TapRows::new(width);
+            }
+        }
+        if self.plan.options.taps != layers {
+            self.rebuild_with_taps(layers.to_vec())?;
+        }
+        self.sink = Some(sink);
+        Ok(())
+    }
+
+    fn clear_layer_taps(&mut self) {
+        self.sink = None;
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let h = self.config.hidden_size;
+        let mut out = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            if t as usize >= self.config.vocab_size {
+                return Err(TargetError::TokenOutOfRange {
+                    token: t,
+                    vocab: self.config.vocab_size,
+                });
+            }
+            let row = &self.weights.embed.bytes[t as usize * h * 2..(t as usize + 1) * h * 2];
+            out.extend(
+                row.chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            );
+        }
+        Ok(out)
+    }
+
+    fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        // The drafter scores a few rows on the host: same kernels as the device's head.
+        let kernel = crate::kernels::Kernel::detect();
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        let mut y = vec![0f32; n * v];
+        match self.plan.options.head {
+            HeadKind::Tiles => {
+                crate::kernels::matmul(&self.weights.lm_head, hidden, n, &mut y, kernel)
+            }
+            HeadKind::Embedding => crate::kernels::dense::matmul_bf16(
+                self.weights.embed.bytes,
+                v,
+                h,
+                hidden,
+                n,
+                &mut y,
+                kernel,
+            ),
+        }
+        y
+    }
+}
+
+impl<D: Device> NpuTarget<'_, D> {
+    /// Taps change which rows the device copies out, so the plan is rebuilt; the KV
+    /// buffers must survive, so they are read out and written back.
+    fn rebuild_with_taps(&mut self, taps: Vec<usize>) -> Result<()> {
+        let mut saved = Vec::new();
+        for &(keys, values) in &self.plan.kv {
+            for id in [keys, values] {
+                let mut bytes = vec![0u8; self.plan.buffers[id].bytes];
+                self.device.read(id, 0, &mut bytes)?;
+                saved.push(bytes);
+            }
+        }
+        let mut options = self.plan.options.clone();
+        options.taps = taps;
+        self.plan = DispatchPlan::build(&self.config, &options)?;
+        self.load_plan()?;
+        let ids: Vec<_> = self.plan.kv.iter().flat_map(|&(k, v)| [k, v]).collect();
+        for (id, bytes) in ids.into_iter().zip(saved) {
+            self.device.write(id, 0, &bytes)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,380 @@
+//! The NPU backend without an NPU: the dispatch plan, bit-exact weight packing, the
+//! op-by-op comparison table, and whole forwards on the simulated device held to the
+//! CPU backend's own tests (logits and taps bit for bit, batch verify, truncate).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use npu_runtime::kernels::{self, Kernel};
+use npu_runtime::npu::compare::{compare_ops, format_table};
+use npu_runtime::npu::plan::{BufferRole, Elem, WeightSource, PAGE};
+use npu_runtime::npu::{pack, DispatchPlan, NpuTarget, PlanOptions, SimDevice};
+use npu_runtime::{CpuTarget, Forward, HeadKind, TapRows, TargetPackage};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn lcg(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+fn sim_target(package: &TargetPackage, max_rows: usize) -> NpuTarget<'_, SimDevice> {
+    let mut options = PlanOptions::for_model(&package.config);
+    options.max_rows = max_rows;
+    options.context = 64;
+    NpuTarget::new(package, SimDevice::new(Kernel::detect()), options).unwrap()
+}
+
+#[test]
+fn plan_lists_every_kernel_of_a_pass() {
+    for (dir, per_layer) in [("tiny-llama", 16), ("tiny-qwen3", 16)] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let c = &package.config;
+        let mut options = PlanOptions::for_model(c);
+        options.taps = vec![0, c.num_layers - 1];
+        let plan = DispatchPlan::build(c, &options).unwrap();
+        // embed, per layer 16 ops, final norm, head, plus one tap copy per tap.
+        assert_eq!(
+            plan.steps.len(),
+            1 + per_layer * c.num_layers + 2 + 2,
+            "{dir}"
+        );
+        let counts: std::collections::BTreeMap<_, _> = plan.op_counts().into_iter().collect();
+        assert_eq!(
+            counts["matmul_q4"],
+            7 * c.num_layers + 1,
+            "{dir}: 7 projections a layer + head"
+        );
+        assert_eq!(counts["attention"], c.num_layers);
+        assert_eq!(counts["tap_copy"], 2);
+        assert_eq!(plan.kv.len(), c.num_layers);
+        for &(k, v) in &plan.kv {
+            for id in [k, v] {
+                assert_eq!(plan.buffers[id].role, BufferRole::KvCache);
+                assert_eq!(
+                    plan.buffers[id].bytes,
+                    c.num_kv_heads * options.context * c.head_dim * 4
+                );
+            }
+        }
+        // Every buffer an op binds exists, and weight buffers name their source.
+        for step in &plan.steps {
+            for (_, id) in step.op.buffers() {
+                assert!(
+                    id < plan.buffers.len(),
+                    "{dir}: {} binds buffer {id}",
+                    step.label
+                );
+            }
+        }
+        for b in &plan.buffers {
+            assert_eq!(
+                b.role == BufferRole::Weights,
+                b.source.is_some(),
+                "{}",
+                b.name
+            );
+        }
+        println!("{dir}: {}", plan.summary());
+    }
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let mut options = PlanOptions::for_model(&package.config);
+    options.taps = vec![9];
+    assert_eq!(
+        DispatchPlan::build(&package.config, &options)
+            .unwrap_err()
+            .to_string(),
+        "target: tap layer 9 does not exist (the model has 2 layers)"
+    );
+    options.taps.clear();
+    options.context = package.config.max_positions + 1;
+    assert!(DispatchPlan::build(&package.config, &options)
+        .unwrap_err()
+        .to_string()
+        .contains("context"));
+}
+
+#[test]
+fn weight_packing_is_bit_exact() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let c = &package.config;
+        let weights = package.weights().unwrap();
+        let mut options = PlanOptions::for_model(c);
+        options.head = HeadKind::Tiles;
+        options.context = 32;
+        let plan = DispatchPlan::build(c, &options).unwrap();
+        let mut checked = 0;
+        for spec in plan
+            .buffers
+            .iter()
+            .filter(|b| b.role == BufferRole::Weights)
+        {
+            let packed = pack::pack(c, &weights, spec, 32).unwrap();
+            assert_eq!(packed.len(), spec.bytes, "{}", spec.name);
+            let expected: Vec<u8> = match spec.source.unwrap() {
+                WeightSource::Tiles { layer, projection } => {
+                    let l = &weights.layers[layer];
+                    use npu_runtime::npu::plan::Projection::*;
+                    let m = match projection {
+                        Q => &l.q,
+                        K => &l.k,
+                        V => &l.v,
+                        O => &l.o,
+                        Gate => &l.gate,
+                        Up => &l.up,
+                        Down => &l.down,
+                    };
+                    assert_eq!(
+                        spec.bytes % PAGE,
+                        0,
+                        "{}: tile buffers are whole pages",
+                        spec.name
+                    );
+                    // The device's view decodes to the same weights as the package's.
+                    let view = pack::unpack_tiles(&spec.name, &packed, m.rows(), m.cols()).unwrap();
+                    assert_eq!(view.decode(), m.decode(), "{}", spec.name);
+                    m.bytes().to_vec()
+                }
+                WeightSource::HeadTiles => weights.lm_head.bytes().to_vec(),
+                WeightSource::Embedding => weights.embed.bytes.to_vec(),
+                WeightSource::Gain { layer, norm } => {
+                    let l = &weights.layers[layer];
+                    use npu_runtime::npu::plan::Norm::*;
+                    let g = match norm {
+                        Input => &l.input_norm,
+                        Post => &l.post_norm,
+                        Query => l.q_norm.as_ref().unwrap(),
+                        Key => l.k_norm.as_ref().unwrap(),
+                    };
+                    g.iter().flat_map(|v| v.to_le_bytes()).collect()
+                }
+                WeightSource::FinalNorm => weights
+                    .final_norm
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                WeightSource::RopeTable => {
+                    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+                    for p in 0..32 {
+                        let (c0, s0) = kernels::rope_table(c.rope_theta, c.head_dim, p);
+                        cos.extend(c0);
+                        sin.extend(s0);
+                    }
+                    cos.iter()
+                        .chain(&sin)
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect()
+                }
+            };
+            assert!(
+                packed[..expected.len()] == expected[..],
+                "{dir}: {} differs from the package",
+                spec.name
+            );
+            assert!(
+                packed[expected.len()..].iter().all(|&b| b == 0),
+                "{}: padding is zeros",
+                spec.name
+            );
+            if spec.elem == Elem::Bytes {
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked,
+            7 * c.num_layers + 2,
+            "{dir}: every tile buffer and the embedding"
+        );
+    }
+}
+
+#[test]
+fn sim_device_passes_the_op_by_op_comparison_bit_exact() {
+    for kernel in Kernel::available() {
+        let mut device = SimDevice::new(kernel);
+        let checks = compare_ops(&mut device).unwrap();
+        println!(
+            "{}",
+            format_table(&format!("sim ({})", kernel.name()), &checks)
+        );
+        assert_eq!(checks.len(), npu_runtime::npu::plan::OP_KINDS.len());
+        for c in &checks {
+            assert!(c.passed(), "{}: NMSE {} over {}", c.op, c.nmse, c.limit);
+            assert!(
+                c.bit_exact,
+                "sim {}: {} is not bit-exact",
+                kernel.name(),
+                c.op
+            );
+        }
+    }
+}
+
+/// Logits and tap rows of the sim, pass for pass, equal the CPU backend's bits,
+/// whatever the batch splits, the chunk size and the head.
+#[test]
+fn sim_forwards_equal_the_cpu_backend_bit_for_bit() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let vocab = package.config.vocab_size;
+        let last = package.config.num_layers - 1;
+        let mut rng = 11u64;
+        let tokens: Vec<u32> = (0..40)
+            .map(|_| (lcg(&mut rng) % vocab as u64) as u32)
+            .collect();
+        let mut cpu = CpuTarget::new(&package).unwrap();
+        let cpu_sink = Arc::new(Mutex::new(TapRows::new(0)));
+        cpu.set_layer_taps(&[last, 0], cpu_sink.clone()).unwrap();
+        let cpu_logits = cpu.forward(&tokens).unwrap();
+        let cpu_hidden = cpu.last_hidden().to_vec();
+
+        for (max_rows, splits) in [
+            (16, vec![40]),
+            (3, vec![1, 8, 5, 1, 16, 9]),
+            (8, vec![7; 5].into_iter().chain([5]).collect()),
+        ] {
+            let mut sim = sim_target(&package, max_rows);
+            let sim_sink = Arc::new(Mutex::new(TapRows::new(0)));
+            sim.set_layer_taps(&[last, 0], sim_sink.clone()).unwrap();
+            let mut logits = Vec::new();
+            let mut hidden = Vec::new();
+            let mut at = 0;
+            for len in splits.iter().copied() {
+                logits.extend(sim.forward(&tokens[at..at + len]).unwrap());
+                hidden.extend_from_slice(sim.last_hidden());
+                at += len;
+            }
+            assert_eq!(at, 40);
+            assert!(
+                logits == cpu_logits,
+                "{dir}: sim logits differ (max_rows {max_rows}, splits {splits:?})"
+            );
+            assert!(hidden == cpu_hidden, "{dir}: final hidden rows differ");
+            assert!(
+                *sim_sink.lock().unwrap() == *cpu_sink.lock().unwrap(),
+                "{dir}: tap rows differ (max_rows {max_rows})"
+            );
+        }
+    }
+}
+
+/// The speculative-decoding contract on the sim: an 8-row verify pass equals 8
+/// single-token passes; truncate rolls back exactly; taps set mid-stream keep the KV.
+#[test]
+fn sim_verify_truncate_and_taps_behave_like_the_cpu_backend() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let tokens: Vec<u32> = (0..30)
+            .map(|i| (i * 37 % package.config.vocab_size) as u32)
+            .collect();
+        let vocab = package.config.vocab_size;
+
+        let mut sim = sim_target(&package, 16);
+        let full = sim.forward(&tokens[..20]).unwrap();
+        let mut single = sim_target(&package, 16);
+        let mut steps = Vec::new();
+        for &t in &tokens[..20] {
+            steps.extend(single.forward(&[t]).unwrap());
+        }
+        assert!(
+            full == steps,
+            "{dir}: batched pass differs from single steps"
+        );
+
+        // Verify 8 rows, reject the last 5, replay: the bits of the uninterrupted run.
+        sim.truncate(12).unwrap();
+        sim.forward(&tokens[20..28]).unwrap();
+        sim.truncate(12).unwrap();
+        assert_eq!(sim.position(), 12);
+        let replay = sim.forward(&tokens[12..20]).unwrap();
+        assert!(
+            replay == full[12 * vocab..],
+            "{dir}: replay after truncate differs"
+        );
+        assert_eq!(
+            sim.truncate(21).unwrap_err().to_string(),
+            "target: cannot truncate to 21 positions: only 20 are cached"
+        );
+
+        // Taps turned on after 20 positions: the plan is rebuilt, the KV survives.
+        let mut cpu = CpuTarget::new(&package).unwrap();
+        cpu.forward(&tokens[..20]).unwrap();
+        let (cpu_sink, sim_sink) = (
+            Arc::new(Mutex::new(TapRows::new(0))),
+            Arc::new(Mutex::new(TapRows::new(0))),
+        );
+        cpu.set_layer_taps(&[1], cpu_sink.clone()).unwrap();
+        sim.set_layer_taps(&[1], sim_sink.clone()).unwrap();
+        assert!(
+            cpu.forward(&tokens[20..30]).unwrap() == sim.forward(&tokens[20..30]).unwrap(),
+            "{dir}: logits after enabling taps"
+        );
+        assert!(
+            *cpu_sink.lock().unwrap() == *sim_sink.lock().unwrap(),
+            "{dir}: tap rows"
+        );
+        assert_eq!(sim_sink.lock().unwrap().rows(), 10);
+        assert!(cpu.embed(&[3, 4]).unwrap() == sim.embed(&[3, 4]).unwrap());
+        let hidden = cpu.last_hidden().to_vec();
+        assert!(cpu.lm_head(&hidden, 10) == sim.lm_head(&hidden, 10));
+
+        // Refusals by name.
+        assert_eq!(
+            sim.forward(&[vocab as u32]).unwrap_err().to_string(),
+            format!("target: token id {vocab} is outside the vocabulary of {vocab}")
+        );
+        assert_eq!(
+            sim.forward(&[1; 40]).unwrap_err().to_string(),
+            "target: a pass of 40 tokens at position 30 would exceed max_position_embeddings 64"
+        );
+    }
+}
+
+#[test]
+fn sim_runs_the_embedding_head_too() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    if !package.config.tie_word_embeddings {
+        let mut options = PlanOptions::for_model(&package.config);
+        options.head = HeadKind::Embedding;
+        let refused = NpuTarget::new(&package, SimDevice::new(Kernel::Scalar), options);
+        assert!(refused
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("tie_word_embeddings"));
+        return;
+    }
+    let mut cpu = CpuTarget::new(&package).unwrap();
+    cpu.set_head(HeadKind::Embedding).unwrap();
+    let mut options = PlanOptions::for_model(&package.config);
+    options.head = HeadKind::Embedding;
+    options.context = 16;
+    let mut sim = NpuTarget::new(&package, SimDevice::new(Kernel::detect()), options).unwrap();
+    assert!(cpu.forward(&[5, 6, 7]).unwrap() == sim.forward(&[5, 6, 7]).unwrap());
+}
+
+#[test]
+fn the_npu_device_without_xrt_says_so() {
+    if xrt_sys_enabled() {
+        eprintln!("skipped: the_npu_device_without_xrt_says_so: this build has the `xrt` feature");
+        return;
+    }
+    let err = npu_runtime::npu::open_npu(std::path::Path::new("kernels.json"), 0)
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "target: this onebit was built without XRT support (cargo feature `xrt`)"
+    );
+}
+
+fn xrt_sys_enabled() -> bool {
+    cfg!(feature = "xrt")
+}

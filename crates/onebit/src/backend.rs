@@ -1,0 +1,188 @@
+//! `--backend`: the CPU backend (default), the simulated NPU, or the NPU through
+//! XRT, behind one [`Target`] that the run and bench commands drive.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use npu_runtime::kernels::Kernel;
+use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
+use npu_runtime::{CpuTarget, Forward, HeadKind, TapSink, TargetConfig, TargetPackage};
+
+/// `--backend` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The CPU backend: the reference and the fast default.
+    Cpu,
+    /// The NPU dispatch plan run by the simulated device (CPU kernels, device buffers).
+    Sim,
+    /// The NPU through XRT, with the kernels of --kernels (needs the `xrt` build).
+    Npu,
+}
+
+/// A target on some backend.
+pub enum Target<'a> {
+    Cpu(CpuTarget<'a>),
+    Sim(NpuTarget<'a, SimDevice>, Kernel),
+    #[cfg(feature = "xrt")]
+    Npu(NpuTarget<'a, npu_runtime::npu::XrtDevice>),
+}
+
+/// What the NPU backends need beyond the CPU's options.
+pub struct NpuOptions {
+    pub kernels: Option<PathBuf>,
+    pub device: u32,
+}
+
+impl<'a> Target<'a> {
+    /// Opens `package` on `backend`.
+    pub fn open(
+        package: &'a TargetPackage,
+        backend: BackendArg,
+        kernel: Kernel,
+        threads: Option<usize>,
+        head: Option<HeadKind>,
+        npu: &NpuOptions,
+    ) -> Result<Target<'a>> {
+        let mut options = PlanOptions::for_model(&package.config);
+        if let Some(h) = head {
+            options.head = h;
+        }
+        match backend {
+            BackendArg::Cpu => {
+                let mut target = CpuTarget::with_options(package, kernel, threads)?;
+                if let Some(h) = head {
+                    target.set_head(h)?;
+                }
+                Ok(Target::Cpu(target))
+            }
+            BackendArg::Sim => Ok(Target::Sim(
+                NpuTarget::new(package, SimDevice::new(kernel), options)?,
+                kernel,
+            )),
+            BackendArg::Npu => {
+                let manifest = npu
+                    .kernels
+                    .as_ref()
+                    .context("--backend npu needs --kernels MANIFEST (see docs/npu.md)")?;
+                #[cfg(feature = "xrt")]
+                {
+                    let device = npu_runtime::npu::open_npu(manifest, npu.device)?;
+                    Ok(Target::Npu(NpuTarget::new(package, device, options)?))
+                }
+                #[cfg(not(feature = "xrt"))]
+                {
+                    let _ = (manifest, options, npu.device);
+                    bail!("--backend npu: {}", npu_runtime::npu::BUILT_WITHOUT_XRT)
+                }
+            }
+        }
+    }
+
+    fn forward_target(&self) -> &dyn Forward {
+        match self {
+            Target::Cpu(t) => t,
+            Target::Sim(t, _) => t,
+            #[cfg(feature = "xrt")]
+            Target::Npu(t) => t,
+        }
+    }
+
+    fn forward_target_mut(&mut self) -> &mut dyn Forward {
+        match self {
+            Target::Cpu(t) => t,
+            Target::Sim(t, _) => t,
+            #[cfg(feature = "xrt")]
+            Target::Npu(t) => t,
+        }
+    }
+
+    /// The backend's name for reports.
+    pub fn backend(&self) -> String {
+        match self {
+            Target::Cpu(_) => "cpu".into(),
+            Target::Sim(t, _) => format!("sim: {}", npu_runtime::npu::Device::describe(t.device())),
+            #[cfg(feature = "xrt")]
+            Target::Npu(t) => format!("npu: {}", npu_runtime::npu::Device::describe(t.device())),
+        }
+    }
+
+    /// Worker threads doing the host-side work.
+    pub fn threads(&self) -> usize {
+        match self {
+            Target::Cpu(t) => t.threads(),
+            _ => rayon::current_num_threads(),
+        }
+    }
+
+    /// The CPU matmul kernel in use (the sim's too).
+    pub fn kernel(&self) -> Kernel {
+        match self {
+            Target::Cpu(t) => t.kernel(),
+            Target::Sim(_, k) => *k,
+            #[cfg(feature = "xrt")]
+            Target::Npu(_) => Kernel::detect(),
+        }
+    }
+
+    /// The head in use.
+    pub fn head(&self) -> HeadKind {
+        match self {
+            Target::Cpu(t) => t.head(),
+            Target::Sim(t, _) => t.head(),
+            #[cfg(feature = "xrt")]
+            Target::Npu(t) => t.head(),
+        }
+    }
+
+    /// Weight bytes one pass streams.
+    pub fn weight_bytes_per_pass(&self) -> usize {
+        match self {
+            Target::Cpu(t) => t.weight_bytes_per_pass(),
+            Target::Sim(t, _) => weights_in_plan(t.plan()),
+            #[cfg(feature = "xrt")]
+            Target::Npu(t) => weights_in_plan(t.plan()),
+        }
+    }
+}
+
+fn weights_in_plan(plan: &npu_runtime::npu::DispatchPlan) -> usize {
+    plan.bytes_of(npu_runtime::npu::plan::BufferRole::Weights)
+}
+
+impl Forward for Target<'_> {
+    fn config(&self) -> &TargetConfig {
+        self.forward_target().config()
+    }
+    fn position(&self) -> usize {
+        self.forward_target().position()
+    }
+    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        self.forward_target_mut().forward(tokens)
+    }
+    fn last_hidden(&self) -> &[f32] {
+        self.forward_target().last_hidden()
+    }
+    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
+        self.forward_target_mut().truncate(len)
+    }
+    fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> npu_runtime::Result<()> {
+        self.forward_target_mut().set_layer_taps(layers, sink)
+    }
+    fn clear_layer_taps(&mut self) {
+        self.forward_target_mut().clear_layer_taps()
+    }
+    fn embed(&self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        self.forward_target().embed(tokens)
+    }
+    fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        self.forward_target().lm_head(hidden, n)
+    }
+}
+
+/// Refuses NPU-only options on other backends.
+pub fn check_npu_options(backend: BackendArg, npu: &NpuOptions) -> Result<()> {
+    if backend != BackendArg::Npu && npu.kernels.is_some() {
+        bail!("--kernels only applies to --backend npu");
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! `onebit doctor` and `--backend`: the NPU path as far as it goes without an NPU.
+
+mod common;
+
+use common::{fixture, json_of, onebit};
+
+#[test]
+fn doctor_reports_the_machine_and_why_the_npu_is_not_usable() {
+    let out = onebit().arg("doctor").arg("--json").output().unwrap();
+    let report = json_of(out);
+    assert!(report["cpu"]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k == "scalar"));
+    assert_eq!(report["xrt"]["built_with_xrt"], cfg!(feature = "xrt"));
+    let usable = report["npu"]["usable"].as_bool().unwrap();
+    let reason = report["npu"]["reason"].as_str().unwrap();
+    if !usable {
+        // On this machine: no accel node, or (with one) the missing XRT build.
+        assert!(
+            reason.starts_with("no /dev/accel device") || reason.contains("XRT"),
+            "{reason}"
+        );
+    }
+    let text = onebit().arg("doctor").assert().success();
+    let stdout = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        stdout.contains(&format!(
+            "npu: {}: {reason}",
+            if usable { "usable" } else { "not usable" }
+        )),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn doctor_checks_a_plan_a_manifest_and_the_sim_device() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("k.xclbin"), b"x").unwrap();
+    std::fs::write(dir.path().join("mm.txt"), "06030100\n").unwrap();
+    let manifest = dir.path().join("kernels.json");
+    std::fs::write(
+        &manifest,
+        r#"{"onebit_kernel_manifest": 1, "xclbin": "k.xclbin", "kernels": {
+            "matmul_q4": {"kernel": "MLIR_AIE", "instructions": "mm.txt",
+              "args": ["opcode", "instructions", "instruction_words", "buffer:x", "buffer:weight", "buffer:out", "scalar:rows"]}}}"#,
+    )
+    .unwrap();
+    let out = onebit()
+        .args(["doctor", "--json", "--compare-ops", "--model"])
+        .arg(fixture("tiny-qwen3"))
+        .arg("--kernels")
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    let report = json_of(out);
+    assert_eq!(report["plan"]["steps"], 1 + 16 * 2 + 2);
+    assert_eq!(
+        report["manifest"]["kernels"],
+        serde_json::json!(["matmul_q4"])
+    );
+    let missing: Vec<&str> = report["manifest"]["missing_for_plan"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        missing.contains(&"attention") && !missing.contains(&"matmul_q4"),
+        "{missing:?}"
+    );
+    assert_eq!(report["compare_ops"]["all_passed"], true);
+    assert_eq!(report["compare_ops"]["ops"].as_array().unwrap().len(), 10);
+
+    std::fs::write(
+        &manifest,
+        r#"{"onebit_kernel_manifest": 1, "kernels": {"softmax": {}}}"#,
+    )
+    .unwrap();
+    let out = onebit()
+        .args(["doctor", "--kernels"])
+        .arg(&manifest)
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("config key 'kernels.softmax' is not an op of the plan"),
+        "{stderr}"
+    );
+}
+
+/// The simulated NPU generates exactly the CPU backend's tokens, plain and speculative.
+#[test]
+fn sim_backend_generates_the_cpu_backends_tokens() {
+    let run = |backend: &str, extra: &[&str]| {
+        let out = onebit()
+            .args([
+                "run",
+                "--json",
+                "--max-tokens",
+                "24",
+                "--ignore-eos",
+                "--prompt-tokens",
+                "1,17,33,250",
+                "--backend",
+                backend,
+                "--model",
+            ])
+            .arg(fixture("tiny-llama"))
+            .args(extra)
+            .output()
+            .unwrap();
+        json_of(out)
+    };
+    let cpu = run("cpu", &[]);
+    let sim = run("sim", &[]);
+    assert_eq!(cpu["tokens"], sim["tokens"]);
+    assert!(
+        sim["backend"].as_str().unwrap().starts_with("sim"),
+        "{}",
+        sim["backend"]
+    );
+    let spec = run("sim", &["--oracle", "every-third", "--draft-max", "5"]);
+    assert_eq!(spec["plain"]["tokens"], cpu["tokens"]);
+    assert_eq!(spec["speculative"]["tokens"], cpu["tokens"]);
+    assert!(spec["speculative"]["stats"]["rounds"].as_u64().unwrap() > 1);
+}
+
+#[test]
+fn npu_backend_without_xrt_is_refused_by_name() {
+    if cfg!(feature = "xrt") {
+        eprintln!("skipped: npu_backend_without_xrt_is_refused_by_name: built with `xrt`");
+        return;
+    }
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,2",
+            "--backend",
+            "npu",
+            "--kernels",
+            "k.json",
+            "--model",
+        ])
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .code(2);
+    assert_eq!(
+        String::from_utf8_lossy(&out.get_output().stderr),
+        "onebit: error: --backend npu: this onebit was built without XRT support (cargo feature `xrt`)\n"
+    );
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,2",
+            "--kernels",
+            "k.json",
+            "--model",
+        ])
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .code(2);
+    assert!(String::from_utf8_lossy(&out.get_output().stderr)
+        .contains("--kernels only applies to --backend npu"));
+}
