@@ -269,3 +269,104 @@ fn two_pass_round_keeps_greedy_text() {
     );
     assert_eq!(base.tokens[2..], spec.tokens[..base.tokens.len() - 2]);
 }
+
+/// `Sampler::distribution` against an independent float64 computation: softmax at a
+/// temperature, then the smallest top-p nucleus (ties by index), renormalised.
+#[test]
+fn distribution_matches_a_float64_reference() {
+    let logits: Vec<f32> = (0..40)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.31 + (i as f32) * 0.01)
+        .collect();
+    for (temperature, top_p) in [
+        (1.0f32, 1.0f32),
+        (0.7, 1.0),
+        (1.3, 0.9),
+        (0.5, 0.5),
+        (2.0, 0.3),
+    ] {
+        let sampler = mtp::Sampler::new(SamplingConfig {
+            temperature,
+            top_p,
+            seed: 0,
+        });
+        assert!(!sampler.is_greedy());
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let weights: Vec<f64> = logits
+            .iter()
+            .map(|&l| ((l as f64 - max) / temperature as f64).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let p: Vec<f64> = weights.iter().map(|w| w / total).collect();
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let mut keep = Vec::new();
+        let mut mass = 0.0;
+        for &i in &order {
+            keep.push(i);
+            mass += p[i];
+            if mass >= top_p as f64 - 1e-7 {
+                break;
+            }
+        }
+        let kept: f64 = keep.iter().map(|&i| p[i]).sum();
+        let got = sampler.distribution(&logits);
+        assert_eq!(got.len(), logits.len());
+        for i in 0..p.len() {
+            let expected = if keep.contains(&i) { p[i] / kept } else { 0.0 };
+            assert!(
+                (got[i] as f64 - expected).abs() < 1e-6,
+                "t={temperature} top_p={top_p}: p[{i}] = {} vs {expected}",
+                got[i]
+            );
+        }
+        let sum: f64 = got.iter().map(|&v| v as f64).sum();
+        assert!((sum - 1.0).abs() < 1e-5);
+    }
+    let greedy = mtp::Sampler::new(SamplingConfig {
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+    });
+    assert!(greedy.is_greedy());
+    let g = greedy.distribution(&logits);
+    assert_eq!(g[npu_runtime::argmax(&logits)], 1.0);
+    assert_eq!(g.iter().filter(|&&v| v > 0.0).count(), 1);
+}
+
+/// The time split adds up: every part is positive when it ran and none exceeds the
+/// run's wall-clock time.
+#[test]
+fn stats_time_split_is_positive_and_bounded() {
+    let mut base = toy();
+    let mut plain = toy();
+    let options = RunOptions {
+        max_tokens: 40,
+        draft_max: 3,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 1,
+        },
+    };
+    let reference = run(&mut plain, None, &[0, 1], &options, &mut |_| true).unwrap();
+    let mut head = mtp::OracleHead::new(
+        [vec![0, 1], reference.tokens.clone()].concat(),
+        4,
+        mtp::OracleRule::parse("every-third").unwrap(),
+    );
+    let start = std::time::Instant::now();
+    let out = run(&mut base, Some(&mut head), &[0, 1], &options, &mut |_| true).unwrap();
+    let wall = start.elapsed().as_secs_f64();
+    let s = &out.stats;
+    assert_eq!(out.tokens, reference.tokens);
+    for (name, t) in [
+        ("target", s.target_seconds),
+        ("draft", s.draft_seconds),
+        ("sampling", s.sampling_seconds),
+    ] {
+        assert!(t > 0.0, "{name} time {t}");
+        assert!(t <= wall, "{name} time {t} over the wall clock {wall}");
+    }
+    assert!(s.target_seconds + s.draft_seconds + s.sampling_seconds <= wall);
+}

@@ -1,5 +1,5 @@
-//! The upstream DFlashHead test, on the real CPU target (tiny-qwen3) and a synthetic
-//! draft: pick rules always right / every third wrong / always wrong, k = 2 and 7,
+//! The upstream DFlashHead test, on its toy base and on the real CPU target
+//! (tiny-qwen3), with a synthetic draft: pick rules always right / every third wrong / always wrong, k = 2 and 7,
 //! block 8, 30 tokens. Checks:
 //! 1. the text equals plain decoding's;
 //! 2. the sink ends holding exactly the committed stream's rows, bit for bit;
@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use dflash_draft::synthetic::write_synthetic;
 use dflash_draft::{draft_forward, load_draft, DraftConfig, DraftHooks, DEFAULT_WEIGHTS};
 use mtp::{run, DFlashHead, DraftHead, PackageHooks, RunOptions, SamplingConfig};
-use npu_runtime::{argmax, CpuTarget, Forward, HeadKind, TapRows, TapSink, TargetPackage};
+use npu_runtime::{
+    CpuTarget, Family, Forward, HeadKind, TapRows, TapSink, TargetConfig, TargetPackage,
+};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -52,7 +54,7 @@ enum Rule {
 /// Embeds with the target's embedding; picks by rule from the known plain stream,
 /// using the sink's row count (the block's start position) to know where it is.
 struct RuleHooks<'p> {
-    inner: PackageHooks<'p>,
+    inner: Box<dyn DraftHooks + 'p>,
     stream: Vec<u32>,
     sink: TapSink,
     rule: Rule,
@@ -146,13 +148,14 @@ impl DraftHead for Checked<'_, '_, '_> {
     }
 }
 
-#[test]
-fn upstream_checks_on_the_real_cpu_target() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
-    let draft_dir = tempfile::tempdir().unwrap();
-    write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
-    let draft = load_draft(draft_dir.path()).unwrap();
-    let weights = draft.weights().unwrap();
+/// The four checks over any base: `new_target` makes a fresh base, `new_hooks` the
+/// drafter's embedding and scoring hooks.
+fn upstream_checks<'p, T: Forward>(
+    label: &str,
+    new_target: &dyn Fn() -> T,
+    new_hooks: &dyn Fn() -> Box<dyn DraftHooks + 'p>,
+    weights: &dflash_draft::DraftWeights<'_>,
+) {
     let prompt: Vec<u32> = vec![1, 17, 300, 42, 7, 255, 3, 99];
     let greedy = RunOptions {
         max_tokens: 30,
@@ -166,13 +169,13 @@ fn upstream_checks_on_the_real_cpu_target() {
     };
 
     // Plain decoding: the reference text.
-    let mut plain_target = CpuTarget::new(&package).unwrap();
+    let mut plain_target = new_target();
     let plain = run(&mut plain_target, None, &prompt, &greedy, &mut |_| true).unwrap();
     let mut stream = prompt.clone();
     stream.extend(&plain.tokens);
     // The committed stream's tap rows: one pass over it (batch invariance makes these
     // the bits single steps write).
-    let mut tap_target = CpuTarget::new(&package).unwrap();
+    let mut tap_target = new_target();
     let plain_sink = Arc::new(Mutex::new(TapRows::new(0)));
     tap_target
         .set_layer_taps(&[0, 1], plain_sink.clone())
@@ -187,89 +190,224 @@ fn upstream_checks_on_the_real_cpu_target() {
                 .flat_map(move |k| [0usize, 3].into_iter().map(move |d| (r, k, d)))
         })
     {
-        {
-            let mut target = CpuTarget::new(&package).unwrap();
-            let sink = Arc::new(Mutex::new(TapRows::new(0)));
-            target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
-            let hooks = RuleHooks {
-                inner: PackageHooks::new(&package, HeadKind::Tiles).unwrap(),
-                stream: stream.clone(),
-                sink: sink.clone(),
-                rule,
-            };
-            let check_hooks = RuleHooks {
-                inner: PackageHooks::new(&package, HeadKind::Tiles).unwrap(),
-                stream: stream.clone(),
-                sink: sink.clone(),
-                rule,
-            };
-            let head = DFlashHead::new(&weights, Box::new(hooks), sink.clone());
-            let mut checked = Checked {
-                head,
-                weights: &weights,
-                hooks: &check_hooks,
-                sink: sink.clone(),
-                stream: stream.clone(),
-                decline_every,
-                calls: 0,
-                drafts_checked: 0,
-            };
-            let opts = RunOptions {
-                draft_max: k,
-                ..greedy.clone()
-            };
-            let out = run(&mut target, Some(&mut checked), &prompt, &opts, &mut |_| {
-                true
-            })
-            .unwrap();
-            // 1. text
-            assert_eq!(
-                out.tokens, plain.tokens,
-                "{rule:?} k={k}: text differs from plain decoding"
-            );
-            // 2. the sink holds exactly the committed rows, bit for bit
-            let rows = sink.lock().unwrap().clone();
-            assert_eq!(rows.rows(), target.position(), "{rule:?} k={k}");
-            assert!(
-                rows.rows() + 1 >= stream.len() && rows.rows() <= stream.len(),
-                "{rule:?} k={k}: {} rows",
-                rows.rows()
-            );
-            let reference = plain_sink
-                .lock()
-                .unwrap()
-                .rows_slice(0..rows.rows())
-                .to_vec();
-            assert!(
-                rows.rows_slice(0..rows.rows()) == &reference[..],
-                "{rule:?} k={k}: sink rows differ"
-            );
-            // 3. checked inside `Checked::draft`
-            assert!(checked.drafts_checked > 0);
-            // 4. acceptance
-            let s = &out.stats;
-            if decline_every > 0 {
-                assert!(s.plain_steps > 0, "declined rounds are plain steps");
+        let mut target = new_target();
+        let sink = Arc::new(Mutex::new(TapRows::new(0)));
+        target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+        let hooks = RuleHooks {
+            inner: new_hooks(),
+            stream: stream.clone(),
+            sink: sink.clone(),
+            rule,
+        };
+        let check_hooks = RuleHooks {
+            inner: new_hooks(),
+            stream: stream.clone(),
+            sink: sink.clone(),
+            rule,
+        };
+        let head = DFlashHead::new(weights, Box::new(hooks), sink.clone());
+        let mut checked = Checked {
+            head,
+            weights,
+            hooks: &check_hooks,
+            sink: sink.clone(),
+            stream: stream.clone(),
+            decline_every,
+            calls: 0,
+            drafts_checked: 0,
+        };
+        let opts = RunOptions {
+            draft_max: k,
+            ..greedy.clone()
+        };
+        let out = run(&mut target, Some(&mut checked), &prompt, &opts, &mut |_| {
+            true
+        })
+        .unwrap();
+        // 1. text
+        assert_eq!(
+            out.tokens, plain.tokens,
+            "{label} {rule:?} k={k}: text differs from plain decoding"
+        );
+        // 2. the sink holds exactly the committed rows, bit for bit
+        let rows = sink.lock().unwrap().clone();
+        assert_eq!(rows.rows(), target.position(), "{label} {rule:?} k={k}");
+        assert!(
+            rows.rows() + 1 >= stream.len() && rows.rows() <= stream.len(),
+            "{label} {rule:?} k={k}: {} rows",
+            rows.rows()
+        );
+        let reference = plain_sink
+            .lock()
+            .unwrap()
+            .rows_slice(0..rows.rows())
+            .to_vec();
+        assert!(
+            rows.rows_slice(0..rows.rows()) == &reference[..],
+            "{label} {rule:?} k={k}: sink rows differ"
+        );
+        // 3. checked inside `Checked::draft`
+        assert!(checked.drafts_checked > 0);
+        // 4. acceptance
+        let s = &out.stats;
+        if decline_every > 0 {
+            assert!(s.plain_steps > 0, "declined rounds are plain steps");
+        }
+        match rule {
+            Rule::Right => {
+                assert_eq!(s.accepted, s.drafted, "{label} {rule:?} k={k}");
+                if k == 7 && decline_every == 0 {
+                    assert_eq!((s.accepted, s.drafted, s.rounds), (26, 26, 4), "{label}");
+                }
             }
-            match rule {
-                Rule::Right => {
-                    assert_eq!(s.accepted, s.drafted, "{rule:?} k={k}");
-                    if k == 7 && decline_every == 0 {
-                        assert_eq!((s.accepted, s.drafted, s.rounds), (26, 26, 4));
-                    }
-                }
-                Rule::Wrong => assert_eq!(s.accepted, 0),
-                Rule::EveryThirdWrong => {
-                    assert!(s.accepted > 0 && s.accepted < s.drafted, "{s:?}");
-                    assert!(
-                        s.accepted_per_round.iter().all(|&a| a < 3),
-                        "a prefix up to the first wrong draft: {s:?}"
-                    );
-                }
+            Rule::Wrong => assert_eq!(s.accepted, 0, "{label}"),
+            Rule::EveryThirdWrong => {
+                assert!(s.accepted > 0 && s.accepted < s.drafted, "{label}: {s:?}");
+                assert!(
+                    s.accepted_per_round.iter().all(|&a| a < 3),
+                    "{label}: a prefix up to the first wrong draft: {s:?}"
+                );
             }
         }
     }
-    let _ = argmax(&[0.0]);
+}
+
+#[test]
+fn upstream_checks_on_the_real_cpu_target() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
+    let draft = load_draft(draft_dir.path()).unwrap();
+    let weights = draft.weights().unwrap();
+    upstream_checks(
+        "tiny-qwen3",
+        &|| CpuTarget::new(&package).unwrap(),
+        &|| Box::new(PackageHooks::new(&package, HeadKind::Tiles).unwrap()),
+        &weights,
+    );
+}
+
+/// The upstream test's own setting: a toy base that writes a tap row for every
+/// position it runs (rejected rows too) and leaves trimming to the drafter.
+struct ToyBase {
+    config: TargetConfig,
+    tokens: Vec<u32>,
+    sink: Option<TapSink>,
+}
+
+/// The toy's greedy continuation of `token` at `pos` (never the mask token).
+fn toy_next(pos: usize, token: u32) -> u32 {
+    ((pos * 31 + token as usize * 17 + 5) % 511) as u32
+}
+
+/// The toy's tap row at `pos` for `token`: two layers of 128 values.
+fn toy_tap_row(pos: usize, token: u32) -> Vec<f32> {
+    (0..256)
+        .map(|j| (((pos * 13 + token as usize * 7 + j * 3) % 97) as f32 - 48.0) / 48.0)
+        .collect()
+}
+
+impl Forward for ToyBase {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+    fn position(&self) -> usize {
+        self.tokens.len()
+    }
+    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for &t in tokens {
+            let pos = self.tokens.len();
+            let next = toy_next(pos, t) as usize;
+            out.extend((0..512).map(|v| if v == next { 1.0 } else { -((v % 7) as f32) }));
+            if let Some(sink) = &self.sink {
+                sink.lock().unwrap().push_row(&toy_tap_row(pos, t));
+            }
+            self.tokens.push(t);
+        }
+        Ok(out)
+    }
+    fn last_hidden(&self) -> &[f32] {
+        &[]
+    }
+    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
+        // KV rollback only: the tap sink is the drafter's to trim.
+        self.tokens.truncate(len);
+        Ok(())
+    }
+    fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> npu_runtime::Result<()> {
+        assert_eq!(layers, [0, 1]);
+        *sink.lock().unwrap() = TapRows::new(256);
+        self.sink = Some(sink);
+        Ok(())
+    }
+    fn clear_layer_taps(&mut self) {
+        self.sink = None;
+    }
+    fn embed(&self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        Ok(ToyHooks.embed(tokens))
+    }
+    fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        let _ = (hidden, n);
+        Vec::new()
+    }
+}
+
+/// Embedding and scoring of the toy: deterministic rows per token; a row's pick
+/// hashes its bits (the rule hooks override it anyway).
+struct ToyHooks;
+
+impl DraftHooks for ToyHooks {
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        tokens
+            .iter()
+            .flat_map(|&t| {
+                (0..128).map(move |j| (((t as usize * 11 + j * 5) % 61) as f32 - 30.0) / 30.0)
+            })
+            .collect()
+    }
+    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+        hidden
+            .chunks_exact(hidden.len() / n.max(1))
+            .map(|row| row.iter().fold(0u32, |h, v| h.rotate_left(5) ^ v.to_bits()) % 511)
+            .collect()
+    }
+}
+
+#[test]
+fn upstream_checks_on_the_toy_base() {
+    let draft_dir = tempfile::tempdir().unwrap();
+    write_synthetic(draft_dir.path(), &draft_config(), 5).unwrap();
+    let draft = load_draft(draft_dir.path()).unwrap();
+    let weights = draft.weights().unwrap();
+    let config = TargetConfig {
+        family: Family::Llama,
+        vocab_size: 512,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 32,
+        rope_theta: 10000.0,
+        rms_eps: 1e-6,
+        max_positions: 256,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+        chat_template: None,
+        lm_head_requantized: false,
+    };
+    upstream_checks(
+        "toy base",
+        &|| ToyBase {
+            config: config.clone(),
+            tokens: Vec::new(),
+            sink: None,
+        },
+        &|| Box::new(ToyHooks),
+        &weights,
+    );
 }
 
 #[test]
