@@ -203,6 +203,48 @@ pub const MUTANTS: &[Mutant] = &[
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
     },
+    // The NPU backend (simulated device, plan, packing) and the attention dot product.
+    Mutant {
+        name: "npu-truncate-keeps-the-position",
+        file: "crates/npu-runtime/src/npu/target.rs",
+        find: "        self.position = len;\n        Ok(())",
+        replace: "        let _ = len;\n        Ok(())",
+        tests: &["-p", "npu-runtime", "--test", "npu_sim"],
+        also: None,
+    },
+    Mutant {
+        name: "npu-kv-append-one-position-late",
+        file: "crates/npu-runtime/src/npu/device.rs",
+        find: "let to = (kh * g.capacity + pass.position + i) * hd;",
+        replace: "let to = (kh * g.capacity + (pass.position + i + 1).min(g.capacity - 1)) * hd;",
+        tests: &["-p", "npu-runtime", "--test", "npu_sim"],
+        also: None,
+    },
+    Mutant {
+        name: "npu-pack-drops-the-first-tile-byte",
+        file: "crates/npu-runtime/src/npu/pack.rs",
+        find: "padded(matrix.bytes().to_vec(), spec)",
+        replace: "padded([&matrix.bytes()[1..], &[0u8][..]].concat(), spec)",
+        tests: &["-p", "npu-runtime", "--test", "npu_sim"],
+        also: None,
+    },
+    Mutant {
+        name: "npu-taps-copied-into-slot-zero",
+        file: "crates/npu-runtime/src/npu/device.rs",
+        find: "taps[i * w + slot * h..i * w + (slot + 1) * h]",
+        replace: "taps[i * w..i * w + h]",
+        tests: &["-p", "npu-runtime", "--test", "npu_sim"],
+        also: None,
+    },
+    Mutant {
+        name: "attention-dot-drops-the-tail",
+        file: "crates/npu-runtime/src/kernels/mod.rs",
+        find: "        acc[j] = x.mul_add(y, acc[j]);",
+        replace: "        let _ = (j, x, y);",
+        tests: &["-p", "npu-runtime", "--test", "matmul"],
+        also: None,
+    },
+
 ];
 
 fn copy_tree(root: &Path, dest: &Path) -> Result<()> {

@@ -19,6 +19,7 @@
 
 use npu_runtime::kernels::{self, dense, matmul, Kernel};
 use q4nx_format::Q4Matrix;
+use rayon::prelude::*;
 
 use crate::config::DraftConfig;
 use crate::error::{DraftError, Result};
@@ -288,7 +289,6 @@ fn run_block(
     let (cos, sin) = rope_tables(c, pos + b);
     let mut normed = vec![0f32; b * h];
     let mut layer_outputs = Vec::with_capacity(c.num_layers);
-    let mut scores = Vec::new();
     for (l, layer) in w.layers.iter().enumerate() {
         kernels::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
         let mut q = w.project(&layer.q, &normed, b);
@@ -316,26 +316,28 @@ fn run_block(
         let (keys, values) = (&cache.keys[l], &cache.values[l]);
         let total = cache.len + b;
         let mut attn = vec![0f32; b * qd];
-        for i in 0..b {
-            // Context positions inside the window of this query; block keys always.
-            let first = match c.sliding_window {
-                Some(window) => (pos + i + 1).saturating_sub(window).min(cache.len),
-                None => 0,
-            };
-            for head in 0..c.num_heads {
+        let cached = cache.len;
+        // One task per (block row, head): each writes its own head_dim slice.
+        attn.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (idx, out)| {
+                let (i, head) = (idx / c.num_heads, idx % c.num_heads);
+                // Context positions inside the window of this query; block keys always.
+                let first = match c.sliding_window {
+                    Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
+                    None => 0,
+                };
                 let kh = head / group;
-                let query = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
                 kernels::attend(
-                    query,
+                    &q[i * qd + head * hd..i * qd + (head + 1) * hd],
                     &keys[kh][first * hd..],
                     &values[kh][first * hd..],
                     total - first,
                     scale,
-                    &mut scores,
-                    &mut attn[i * qd + head * hd..i * qd + (head + 1) * hd],
+                    scores,
+                    out,
                 );
-            }
-        }
+            });
         let o = w.project(&layer.o, &attn, b);
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;

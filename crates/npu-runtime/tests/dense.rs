@@ -6,7 +6,14 @@ use npu_runtime::kernels::Kernel;
 
 #[test]
 fn bf16_kernels_agree_and_are_batch_invariant() {
-    let (rows, k, n) = (130, 96, 5);
+    // Batch sizes that take every tiling of the SIMD kernel (8, 4, 2, 1 inputs at a
+    // time; 4 rows at a time for one input) and a row count with a partial block.
+    for n in [1, 2, 3, 5, 8, 11] {
+        check_bf16_kernels(131, 96, n);
+    }
+}
+
+fn check_bf16_kernels(rows: usize, k: usize, n: usize) {
     let w: Vec<u8> = (0..rows * k)
         .flat_map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0).to_le_bytes())
         .collect();
@@ -24,7 +31,7 @@ fn bf16_kernels_agree_and_are_batch_invariant() {
                 assert_eq!(
                     y[i * rows + r].to_bits(),
                     want.to_bits(),
-                    "{kernel:?} ({i},{r})"
+                    "{kernel:?} n={n} ({i},{r})"
                 );
                 assert_eq!(one[r].to_bits(), want.to_bits());
             }

@@ -108,3 +108,23 @@ proptest! {
         check(n_out, groups * 32, rows, seed);
     }
 }
+
+proptest! {
+    /// The attention dot product is one fixed sequence of f32 operations: the FMA
+    /// path (when this CPU has it) and the portable path give the same bits, for any
+    /// length (tails included), and both are close to a float64 dot product.
+    #[test]
+    fn attention_dot_is_the_same_bits_on_every_path(
+        values in proptest::collection::vec(-4.0f32..4.0, 0..400),
+    ) {
+        let n = values.len() / 2;
+        let (a, b) = values.split_at(n);
+        let b = &b[..n];
+        let fast = npu_runtime::kernels::dot(a, b);
+        let portable = npu_runtime::kernels::dot_portable(a, b);
+        prop_assert_eq!(fast.to_bits(), portable.to_bits());
+        let exact: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let magnitude: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+        prop_assert!((fast as f64 - exact).abs() <= 1e-6 * magnitude.max(1.0), "{fast} vs {exact}");
+    }
+}

@@ -59,20 +59,20 @@ pub fn matmul_bf16(
         .par_chunks_mut(BLOCK * n)
         .enumerate()
         .for_each(|(b, out)| {
-            for r in 0..BLOCK {
-                let row = b * BLOCK + r;
-                if row >= rows {
-                    break;
-                }
-                let wr = &w[row * k * 2..(row + 1) * k * 2];
-                for i in 0..n {
-                    let xi = &x[i * k..(i + 1) * k];
-                    out[r * n + i] = match kernel {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
-                        Kernel::Avx512 => unsafe { avx512_dot(wr, xi) },
-                        _ => reference_dot(wr, xi),
-                    };
+            let first = b * BLOCK;
+            let count = BLOCK.min(rows.saturating_sub(first));
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
+                Kernel::Avx512 => unsafe { avx512::block(w, first, count, k, x, n, out) },
+                _ => {
+                    for r in 0..count {
+                        let row = first + r;
+                        let wr = &w[row * k * 2..(row + 1) * k * 2];
+                        for i in 0..n {
+                            out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
+                        }
+                    }
                 }
             }
         });
@@ -84,18 +84,91 @@ pub fn matmul_bf16(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn avx512_dot(w: &[u8], x: &[f32]) -> f32 {
+mod avx512 {
     use std::arch::x86_64::*;
-    let mut acc = _mm512_setzero_ps();
-    for c in (0..x.len()).step_by(LANES) {
-        let h = _mm256_loadu_si256(w.as_ptr().add(2 * c) as *const __m256i);
-        let wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.as_ptr().add(c)), acc);
+
+    use super::{reduce_lanes, LANES};
+
+    /// `out[r * n + i]` for `count` rows from `first` and all `n` inputs. Each 16-column
+    /// chunk of a row is widened from BF16 once and multiplied into the accumulators of
+    /// several rows or inputs at a time: independent FMA chains instead of one, and one
+    /// decode per chunk instead of one per input. Each accumulator still adds its
+    /// columns in order, so every element is `reference_dot`'s bits.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block(
+        w: &[u8],
+        first: usize,
+        count: usize,
+        k: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let mut r = 0;
+        while r < count {
+            if n == 1 && count - r >= 4 {
+                tile::<4, 1>(w, first + r, k, x, 0, n, &mut out[r * n..]);
+                r += 4;
+                continue;
+            }
+            let mut i = 0;
+            while i < n {
+                let step = match n - i {
+                    8.. => {
+                        tile::<1, 8>(w, first + r, k, x, i, n, &mut out[r * n..]);
+                        8
+                    }
+                    4..=7 => {
+                        tile::<1, 4>(w, first + r, k, x, i, n, &mut out[r * n..]);
+                        4
+                    }
+                    2 | 3 => {
+                        tile::<1, 2>(w, first + r, k, x, i, n, &mut out[r * n..]);
+                        2
+                    }
+                    _ => {
+                        tile::<1, 1>(w, first + r, k, x, i, n, &mut out[r * n..]);
+                        1
+                    }
+                };
+                i += step;
+            }
+            r += 1;
+        }
     }
-    let mut lanes = [0f32; LANES];
-    _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-    reduce_lanes(lanes)
+
+    /// Rows `row0 .. row0 + RB` times inputs `i0 .. i0 + R`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<const RB: usize, const R: usize>(
+        w: &[u8],
+        row0: usize,
+        k: usize,
+        x: &[f32],
+        i0: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); R]; RB];
+        for c in (0..k).step_by(LANES) {
+            for (rr, row_acc) in acc.iter_mut().enumerate() {
+                let h =
+                    _mm256_loadu_si256(w.as_ptr().add(2 * ((row0 + rr) * k + c)) as *const __m256i);
+                let wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                for (ii, a) in row_acc.iter_mut().enumerate() {
+                    *a =
+                        _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.as_ptr().add((i0 + ii) * k + c)), *a);
+                }
+            }
+        }
+        let mut lanes = [0f32; LANES];
+        for (rr, row_acc) in acc.iter().enumerate() {
+            for (ii, a) in row_acc.iter().enumerate() {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
+                out[rr * n + i0 + ii] = reduce_lanes(lanes);
+            }
+        }
+    }
 }
 
 /// `y = x · Wᵀ` for a BF16 W stored in block-column order `[rows/32][k][32]`

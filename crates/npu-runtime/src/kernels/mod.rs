@@ -53,6 +53,73 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// Lanes of [`dot`]'s partial sums.
+const DOT_LANES: usize = 32;
+
+/// The dot product by one fixed sequence of f32 operations: element `i` is
+/// fused-multiply-added into partial sum `i % 32` (in index order), then the partial
+/// sums are added in a fixed tree (16, 8, 4, 2, 1 apart). The partial sums are
+/// independent, so the loop vectorizes; the result is the same bits on every CPU
+/// (without hardware FMA, `f32::mul_add` is the correctly rounded libm `fmaf`).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: `has_fma` checked avx2 and fma at run time.
+        return unsafe { dot_fma(a, b) };
+    }
+    dot_lanes(a, b)
+}
+
+/// [`dot`] without the hardware path: the same bits, computed with the correctly
+/// rounded software `fmaf` where the build target lacks FMA (tests compare the two).
+pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0f32; DOT_LANES];
+    let (a_main, a_tail) = a[..n].split_at(n - n % DOT_LANES);
+    let (b_main, b_tail) = b[..n].split_at(n - n % DOT_LANES);
+    for (ac, bc) in a_main
+        .chunks_exact(DOT_LANES)
+        .zip(b_main.chunks_exact(DOT_LANES))
+    {
+        for j in 0..DOT_LANES {
+            acc[j] = ac[j].mul_add(bc[j], acc[j]);
+        }
+    }
+    for (j, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
+        acc[j] = x.mul_add(y, acc[j]);
+    }
+    let mut width = DOT_LANES / 2;
+    while width > 0 {
+        for j in 0..width {
+            acc[j] += acc[j + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
 /// Softmax-weighted attention of one query over `len` keys/values
 /// (`keys[t * dim ..]`, `values[t * dim ..]`), scores scaled by `scale`.
 pub fn attend(
@@ -68,12 +135,7 @@ pub fn attend(
     scores.clear();
     let mut max = f32::NEG_INFINITY;
     for t in 0..len {
-        let k = &keys[t * dim..(t + 1) * dim];
-        let mut s = 0f32;
-        for (a, b) in query.iter().zip(k) {
-            s += a * b;
-        }
-        let s = s * scale;
+        let s = dot(query, &keys[t * dim..(t + 1) * dim]) * scale;
         max = max.max(s);
         scores.push(s);
     }
