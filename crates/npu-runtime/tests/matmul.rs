@@ -128,3 +128,29 @@ proptest! {
         prop_assert!((fast as f64 - exact).abs() <= 1e-6 * magnitude.max(1.0), "{fast} vs {exact}");
     }
 }
+
+proptest! {
+    /// Attention gives the same bits with hardware FMA and without.
+    #[test]
+    fn attention_is_the_same_bits_on_every_path(
+        seed in 0u64..1000,
+        len in 1usize..40,
+        dim in prop::sample::select(vec![16usize, 64, 72, 128]),
+    ) {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let query: Vec<f32> = (0..dim).map(|_| next()).collect();
+        let keys: Vec<f32> = (0..len * dim).map(|_| next()).collect();
+        let values: Vec<f32> = (0..len * dim).map(|_| next()).collect();
+        let (mut a, mut b) = (vec![0f32; dim], vec![0f32; dim]);
+        let mut scores = Vec::new();
+        npu_runtime::kernels::attend(&query, &keys, &values, len, 0.125, &mut scores, &mut a);
+        npu_runtime::kernels::attend_portable(&query, &keys, &values, len, 0.125, &mut scores, &mut b);
+        prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+}

@@ -195,16 +195,32 @@ pub fn matmul_bf16_block_columns(
         .enumerate()
         .for_each(|(b, out)| {
             let block = &w[b * k * 64..(b + 1) * k * 64];
-            for i in 0..n {
-                let xi = &x[i * k..(i + 1) * k];
-                let acc = match kernel {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
-                    Kernel::Avx512 => unsafe { avx512_block_column(block, xi) },
-                    _ => scalar_block_column(block, xi),
-                };
-                for (r, &a) in acc.iter().enumerate() {
-                    out[r * n + i] = a;
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512 => {
+                    // Up to 8 inputs per sweep of the block: each column is widened once
+                    // and feeds independent accumulator chains.
+                    let mut i = 0;
+                    while i < n {
+                        // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
+                        let step = unsafe {
+                            match n - i {
+                                8.. => avx512_block_columns::<8>(block, x, k, i, n, out),
+                                4..=7 => avx512_block_columns::<4>(block, x, k, i, n, out),
+                                2 | 3 => avx512_block_columns::<2>(block, x, k, i, n, out),
+                                _ => avx512_block_columns::<1>(block, x, k, i, n, out),
+                            }
+                        };
+                        i += step;
+                    }
+                }
+                _ => {
+                    for i in 0..n {
+                        let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
+                        for (r, &a) in acc.iter().enumerate() {
+                            out[r * n + i] = a;
+                        }
+                    }
                 }
             }
         });
@@ -230,12 +246,20 @@ fn scalar_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
     acc
 }
 
+/// Inputs `i0 .. i0 + R` of one row block (`out[r * n + i]`); returns `R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
+unsafe fn avx512_block_columns<const R: usize>(
+    block: &[u8],
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    n: usize,
+    out: &mut [f32],
+) -> usize {
     use std::arch::x86_64::*;
-    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for (c, &xv) in x.iter().enumerate() {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for c in 0..k {
         let p = block.as_ptr().add(c * 64);
         let w0 = _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)),
@@ -245,12 +269,19 @@ unsafe fn avx512_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
             _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(32) as *const __m256i)),
             16,
         ));
-        let xb = _mm512_set1_ps(xv);
-        lo = _mm512_fmadd_ps(w0, xb, lo);
-        hi = _mm512_fmadd_ps(w1, xb, hi);
+        for (ii, a) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*x.get_unchecked((i0 + ii) * k + c));
+            a[0] = _mm512_fmadd_ps(w0, xb, a[0]);
+            a[1] = _mm512_fmadd_ps(w1, xb, a[1]);
+        }
     }
-    let mut acc = [0f32; 32];
-    _mm512_storeu_ps(acc.as_mut_ptr(), lo);
-    _mm512_storeu_ps(acc.as_mut_ptr().add(16), hi);
-    acc
+    let mut lanes = [0f32; 32];
+    for (ii, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(lanes.as_mut_ptr(), a[0]);
+        _mm512_storeu_ps(lanes.as_mut_ptr().add(16), a[1]);
+        for (r, &v) in lanes.iter().enumerate() {
+            out[r * n + i0 + ii] = v;
+        }
+    }
+    R
 }

@@ -122,7 +122,43 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 
 /// Softmax-weighted attention of one query over `len` keys/values
 /// (`keys[t * dim ..]`, `values[t * dim ..]`), scores scaled by `scale`.
+///
+/// Scores are [`dot`]s; the weighted sum adds `fma(p_t, v_t, out)` over `t` in order.
+/// The same bits on every CPU path (FMA in hardware or in software).
 pub fn attend(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: `has_fma` checked avx2 and fma at run time.
+        unsafe { attend_fma(query, keys, values, len, scale, scores, out) };
+        return;
+    }
+    attend_body(query, keys, values, len, scale, scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_fma(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_body(query, keys, values, len, scale, scores, out)
+}
+
+#[inline(always)]
+fn attend_body(
     query: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -135,7 +171,7 @@ pub fn attend(
     scores.clear();
     let mut max = f32::NEG_INFINITY;
     for t in 0..len {
-        let s = dot(query, &keys[t * dim..(t + 1) * dim]) * scale;
+        let s = dot_lanes(query, &keys[t * dim..(t + 1) * dim]) * scale;
         max = max.max(s);
         scores.push(s);
     }
@@ -149,9 +185,22 @@ pub fn attend(
         let v = &values[t * dim..(t + 1) * dim];
         let p = p / total;
         for (o, &vv) in out.iter_mut().zip(v) {
-            *o += p * vv;
+            *o = p.mul_add(vv, *o);
         }
     }
+}
+
+/// [`attend`] without the hardware path (tests compare the two).
+pub fn attend_portable(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    len: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_body(query, keys, values, len, scale, scores, out)
 }
 
 pub mod dense;
