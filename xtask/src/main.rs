@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 
+mod cargo_mutants;
 mod demo;
 mod fixtures;
 mod fuzz;
@@ -25,7 +26,10 @@ tasks:
                                            and convert it to a Q4NX package
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)
   mutants [NAME ...]                       apply each named source mutant to a scratch copy and
-                                           require its tests to fail (all mutants by default)";
+                                           require its tests to fail (all mutants by default)
+  cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
+                                           cargo-mutants over mtp and dflash-draft (slow: nightly),
+                                           caught/missed counts; output in target/cargo-mutants";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,6 +44,7 @@ fn main() -> Result<()> {
         "fetch-model" => models::run(rest),
         "ggml-reference" => ggml_reference::run(rest),
         "mutants" => mutants::run(rest),
+        "cargo-mutants" => cargo_mutants::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -247,6 +247,26 @@ pub const MUTANTS: &[Mutant] = &[
 
 ];
 
+/// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`
+/// linked to the reference fixtures (tests find them at `../shared`). Only changed
+/// files are rewritten, so builds there stay incremental.
+pub fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
+    let ws = base.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let shared_link = base.join("shared");
+    if !shared_link.exists() {
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(
+            root.join("../shared")
+                .canonicalize()
+                .context("mutants: ../shared is missing")?,
+            &shared_link,
+        )?;
+    }
+    copy_tree(root, &ws)?;
+    Ok(ws)
+}
+
 fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
     let out = Command::new("git")
         .args(["ls-files", "-z"])
@@ -319,21 +339,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let root = crate::workspace_root();
-    let base = root.join("target/mutants");
-    let ws = base.join("ws");
-    std::fs::create_dir_all(&ws)?;
-    // Tests find the reference fixtures at ../shared beside the workspace.
-    let shared_link = base.join("shared");
-    if !shared_link.exists() {
-        #[cfg(unix)]
-        std::os::unix::fs::symlink(
-            root.join("../shared")
-                .canonicalize()
-                .context("mutants: ../shared is missing")?,
-            &shared_link,
-        )?;
-    }
-    copy_tree(&root, &ws)?;
+    let ws = scratch_workspace(&root, &root.join("target/mutants"))?;
     let selected: Vec<&Mutant> = MUTANTS
         .iter()
         .filter(|m| only.is_empty() || only.contains(&m.name))
