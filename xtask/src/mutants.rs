@@ -245,6 +245,23 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
     },
 
+    Mutant {
+        name: "dflash-head-reset-keeps-the-cache",
+        file: "crates/mtp/src/dflash.rs",
+        find: "        self.cache = DraftKvCache::new(&self.weights.config);\n        self.mark = None;",
+        replace: "        self.mark = None;",
+        tests: &["-p", "mtp", "--test", "upstream"],
+        also: None,
+    },
+    Mutant {
+        name: "sampler-temperature-ignored",
+        file: "crates/mtp/src/sample.rs",
+        find: "*pi = ((l - max) / t).exp();",
+        replace: "*pi = (l - max).exp();",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+    },
+
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`

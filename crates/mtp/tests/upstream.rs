@@ -117,6 +117,11 @@ impl DraftHead for Checked<'_, '_, '_> {
         );
         let committed = self.sink.lock().unwrap().rows_slice(0..pos - 1).to_vec();
         let out = self.head.draft(pos, last, k)?;
+        assert_eq!(
+            self.head.cached_rows(),
+            pos - 1,
+            "the draft cache holds every committed row once drafting starts"
+        );
         // The block starts with the committed token at pos - 1, whatever the loop passed.
         let mut block = vec![self.stream[pos - 1]];
         block.extend([511u32; 7]);
@@ -248,6 +253,26 @@ fn upstream_checks<'p, T: Forward>(
         );
         // 3. checked inside `Checked::draft`
         assert!(checked.drafts_checked > 0);
+        // A head is reusable: `run` resets it, so a second run over a fresh target
+        // repeats the first exactly.
+        if decline_every == 0 && k == 7 {
+            sink.lock().unwrap().truncate(0);
+            let mut again = new_target();
+            again.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+            let repeat = run(&mut again, Some(&mut checked), &prompt, &opts, &mut |_| {
+                true
+            })
+            .unwrap();
+            assert_eq!(
+                repeat.tokens, out.tokens,
+                "{label} {rule:?}: a reused head differs"
+            );
+            assert_eq!(
+                repeat.stats.accepted_per_round,
+                out.stats.accepted_per_round
+            );
+            assert_eq!(sink.lock().unwrap().rows(), again.position());
+        }
         // 4. acceptance
         let s = &out.stats;
         if decline_every > 0 {

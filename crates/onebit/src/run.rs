@@ -124,6 +124,7 @@ pub enum KernelArg {
     Scalar,
     Avx2,
     Avx512,
+    Avx512vbmi,
 }
 
 impl KernelArg {
@@ -134,6 +135,7 @@ impl KernelArg {
             KernelArg::Scalar => Kernel::Scalar,
             KernelArg::Avx2 => Kernel::Avx2,
             KernelArg::Avx512 => Kernel::Avx512,
+            KernelArg::Avx512vbmi => Kernel::Avx512Vbmi,
         };
         if !Kernel::available().contains(&wanted) {
             bail!("--kernel {}: this CPU does not support it", wanted.name());

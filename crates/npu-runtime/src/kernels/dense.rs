@@ -64,7 +64,9 @@ pub fn matmul_bf16(
             match kernel {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
-                Kernel::Avx512 => unsafe { avx512::block(w, first, count, k, x, n, out) },
+                Kernel::Avx512 | Kernel::Avx512Vbmi => unsafe {
+                    avx512::block(w, first, count, k, x, n, out)
+                },
                 _ => {
                     for r in 0..count {
                         let row = first + r;
@@ -197,7 +199,7 @@ pub fn matmul_bf16_block_columns(
             let block = &w[b * k * 64..(b + 1) * k * 64];
             match kernel {
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx512 => {
+                Kernel::Avx512 | Kernel::Avx512Vbmi => {
                     // Up to 8 inputs per sweep of the block: each column is widened once
                     // and feeds independent accumulator chains.
                     let mut i = 0;
