@@ -33,6 +33,13 @@ struct Xrt {
     found_by: String,
 }
 
+/// Stops the build with one sentence (no panic backtrace noise).
+#[allow(dead_code)]
+fn fail(sentence: &str) -> ! {
+    eprintln!("{sentence}");
+    std::process::exit(1);
+}
+
 #[allow(dead_code)]
 fn find_xrt() -> Result<Xrt, String> {
     #[cfg(feature = "xrt")]
@@ -88,6 +95,25 @@ mod with_xrt {
     use super::*;
 
     pub fn build() {
+        let check_only = std::env::var_os("ONEBIT_XRT_CHECK_ONLY").is_some();
+        // Find and check XRT first: a missing or old XRT is the common failure, and its
+        // sentence should not wait for (or hide behind) bindgen.
+        let xrt = if check_only {
+            None
+        } else {
+            let xrt = find_xrt().unwrap_or_else(|message| fail(&message));
+            if !version::supports_register_xclbin(xrt.version) {
+                let (major, minor, patch) = xrt.version;
+                fail(&format!(
+                    "xrt-sys: XRT {major}.{minor}.{patch} (found via {}) is too old: the Ryzen AI NPU needs xrt::device::register_xclbin and xrt::hw_context, which work from XRT {}.{}; Debian 12's libxrt-dev 2.13 is not enough, install AMD's Ryzen AI XRT (see docs/npu.md)",
+                    xrt.found_by,
+                    version::MINIMUM_XRT.0,
+                    version::MINIMUM_XRT.1
+                ));
+            }
+            Some(xrt)
+        };
+
         let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
         let header = Path::new("shim/onebit_xrt.h");
         bindgen::Builder::default()
@@ -99,25 +125,15 @@ mod with_xrt {
             .prepend_enum_name(false)
             .generate()
             .unwrap_or_else(|e| {
-                panic!("xrt-sys: bindgen could not read shim/onebit_xrt.h (it needs libclang; on Debian `apt install libclang-dev`): {e}")
+                fail(&format!("xrt-sys: bindgen could not read shim/onebit_xrt.h (it needs libclang; on Debian `apt install libclang-dev`): {e}"))
             })
             .write_to_file(out.join("bindings.rs"))
             .expect("xrt-sys: cannot write bindings.rs to OUT_DIR");
 
-        if std::env::var_os("ONEBIT_XRT_CHECK_ONLY").is_some() {
+        let Some(xrt) = xrt else {
             println!("cargo:warning=xrt-sys: ONEBIT_XRT_CHECK_ONLY is set: declarations generated, the shim is not compiled and XRT is not linked (good for `cargo check` only)");
             return;
-        }
-        let xrt = find_xrt().unwrap_or_else(|message| panic!("{message}"));
-        if !version::supports_register_xclbin(xrt.version) {
-            let (major, minor, patch) = xrt.version;
-            panic!(
-                "xrt-sys: XRT {major}.{minor}.{patch} (found via {}) is too old: the Ryzen AI NPU needs xrt::device::register_xclbin and xrt::hw_context, which work from XRT {}.{}; Debian 12's libxrt-dev 2.13 is not enough, install AMD's Ryzen AI XRT (see docs/npu.md)",
-                xrt.found_by,
-                version::MINIMUM_XRT.0,
-                version::MINIMUM_XRT.1
-            );
-        }
+        };
         let (major, minor, patch) = xrt.version;
         let mut build = cc::Build::new();
         build

@@ -125,3 +125,52 @@ fn register_xclbin_needs_2_17() {
     assert!(supports_register_xclbin((2, 19, 0)));
     assert!(supports_register_xclbin((3, 0, 0)));
 }
+
+/// `cargo check --features xrt` against this machine's (absent) and a fake old XRT:
+/// the build stops with the one sentence that says why. Runs cargo in its own target
+/// directory; the system's pkg-config files are hidden so only the given XRT is seen.
+#[test]
+fn the_xrt_feature_refuses_a_missing_or_old_xrt_by_name() {
+    if std::path::Path::new("/opt/xilinx/xrt/include").is_dir() {
+        eprintln!("skipped: the_xrt_feature_refuses_a_missing_or_old_xrt_by_name: this machine has /opt/xilinx/xrt");
+        return;
+    }
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let empty = tempfile::tempdir().unwrap();
+    let check = |xilinx_xrt: Option<&std::path::Path>| -> String {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(&workspace)
+            .args(["check", "--quiet", "-p", "xrt-sys", "--features", "xrt"])
+            .env("CARGO_TARGET_DIR", workspace.join("target/xrt-gating"))
+            .env("PKG_CONFIG_PATH", empty.path())
+            .env("PKG_CONFIG_LIBDIR", empty.path())
+            .env_remove("ONEBIT_XRT_CHECK_ONLY")
+            .env_remove("XILINX_XRT");
+        if let Some(root) = xilinx_xrt {
+            cmd.env("XILINX_XRT", root);
+        }
+        let out = cmd.output().expect("cargo runs");
+        assert!(
+            !out.status.success(),
+            "the build should stop without a usable XRT"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = check(None);
+    assert!(
+        missing.contains("xrt-sys: the `xrt` feature needs XRT 2.17 or newer, and none was found via `pkg-config xrt`, $XILINX_XRT or /opt/xilinx/xrt"),
+        "{missing}"
+    );
+    let old = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(old.path().join("include")).unwrap();
+    std::fs::write(
+        old.path().join("include/version.h"),
+        "static const char xrt_build_version[] = \"2.13.0\";\n",
+    )
+    .unwrap();
+    let too_old = check(Some(old.path()));
+    assert!(
+        too_old.contains("xrt-sys: XRT 2.13.0 (found via XILINX_XRT) is too old"),
+        "{too_old}"
+    );
+}
