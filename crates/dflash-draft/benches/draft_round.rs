@@ -1,6 +1,10 @@
 //! One draft round at the Bolt geometry (5 layers, hidden 2560, block 8, taps 5):
 //! fold 1..8 newly committed tap rows into the cache, then draft a block of 8.
 //! The head (the target's LM head) is not part of the draft's cost and is left out.
+//!
+//! Next to it, when `cargo xtask fetch-model smollm2` has been run: one 8-row verify
+//! pass of SmolLM2 on the CPU backend (the round's other half), so the two read side
+//! by side.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use dflash_draft::synthetic::{bolt_config, write_synthetic};
@@ -49,6 +53,29 @@ fn bench(c: &mut Criterion) {
             )
         });
     }
+    g.finish();
+
+    let smollm2 =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
+    if !smollm2.join("model.q4nx").is_file() {
+        eprintln!("skipped: smollm2_verify: run `cargo xtask fetch-model smollm2` first");
+        return;
+    }
+    use npu_runtime::{CpuTarget, Forward, TargetPackage};
+    let package = TargetPackage::open(&smollm2).unwrap();
+    let mut target = CpuTarget::new(&package).unwrap();
+    let prompt: Vec<u32> = (0..256).map(|i| (i * 7919 % 49152) as u32).collect();
+    target.forward(&prompt).unwrap();
+    let verify: Vec<u32> = (0..8).map(|i| (i * 104729 % 49152) as u32).collect();
+    let mut g = c.benchmark_group("smollm2_verify");
+    g.sample_size(10);
+    g.bench_function("8_rows_after_256", |b| {
+        b.iter(|| {
+            let logits = target.forward(&verify).unwrap();
+            target.truncate(256).unwrap();
+            logits
+        })
+    });
     g.finish();
 }
 

@@ -286,15 +286,18 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             args.tokens
         );
         println!("plain: {plain_tps:.1} tok/s");
-        println!("   k  tok/s  speed-up  accepted/drafted  tokens/round  text equal");
+        println!("   k  tok/s  speed-up  accepted/drafted  tokens/round  draft share  text equal");
         for (k, secs, out) in &results {
             let tps = out.tokens.len() as f64 / secs;
+            let s = &out.stats;
+            let busy = s.target_seconds + s.draft_seconds + s.sampling_seconds;
             println!(
-                "{k:>4} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2}  {}",
+                "{k:>4} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>11.0}%  {}",
                 tps / plain_tps,
                 out.stats.accepted,
                 out.stats.drafted,
                 out.stats.tokens_per_round(),
+                100.0 * s.draft_seconds / busy.max(f64::MIN_POSITIVE),
                 if out.tokens == plain.tokens {
                     "yes"
                 } else {
