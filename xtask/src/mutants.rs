@@ -322,8 +322,8 @@ enum Outcome {
 fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
     let out = Command::new(env!("CARGO"))
         .arg("test")
-        .args(args)
         .arg("--no-fail-fast")
+        .args(args)
         .current_dir(ws)
         .env("CARGO_TARGET_DIR", ws.join("target"))
         .output()?;
@@ -350,11 +350,25 @@ fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let only: Vec<&str> = args
-        .iter()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    // `--filter NAME` narrows every mutant's tests to test functions matching NAME
+    // (to show that one test alone catches them, e.g. the upstream test's toy base).
+    let mut only: Vec<&str> = Vec::new();
+    let mut filter: Option<&str> = None;
+    let mut it = args.iter().map(String::as_str);
+    while let Some(arg) = it.next() {
+        match arg {
+            "--filter" => filter = Some(it.next().context("mutants: --filter needs a test name")?),
+            flag if flag.starts_with('-') => bail!("mutants: unknown option '{flag}'"),
+            name => only.push(name),
+        }
+    }
+    let tests_of = |m: &Mutant| -> Vec<&str> {
+        let mut t: Vec<&str> = m.tests.to_vec();
+        if let Some(f) = filter {
+            t.extend(["--", f]);
+        }
+        t
+    };
     let root = crate::workspace_root();
     let ws = scratch_workspace(&root, &root.join("target/mutants"))?;
     let selected: Vec<&Mutant> = MUTANTS
@@ -366,7 +380,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!("mutants: baseline (the unmutated tests must pass)");
     for m in &selected {
-        if !matches!(cargo_test(&ws, m.tests)?, Outcome::Passed) {
+        if !matches!(cargo_test(&ws, &tests_of(m))?, Outcome::Passed) {
             bail!("mutants: the tests of '{}' fail without any mutant", m.name);
         }
     }
@@ -409,7 +423,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 None => None,
             };
             let start = Instant::now();
-            let passed = cargo_test(&ws, m.tests);
+            let passed = cargo_test(&ws, &tests_of(m));
             std::fs::write(&path, &original)?;
             if let Some((p2, before)) = second {
                 std::fs::write(p2, before)?;

@@ -295,6 +295,21 @@ fn upstream_checks<'p, T: Forward>(
             }
         }
     }
+    // A draft asked at a position that does not follow the committed rows is refused
+    // with a reason, and the next aligned one goes ahead.
+    let sink = Arc::new(Mutex::new(TapRows::new(256)));
+    for _ in 0..3 {
+        sink.lock().unwrap().push_row(&[0.0; 256]);
+    }
+    let mut head = DFlashHead::new(weights, new_hooks(), sink);
+    assert_eq!(head.draft(6, 1, 7), None, "{label}");
+    assert_eq!(
+        head.error().as_deref(),
+        Some("drafting at position 6 over 3 committed rows"),
+        "{label}"
+    );
+    assert!(head.draft(4, 1, 7).is_some(), "{label}");
+    assert_eq!(head.error(), None, "{label}");
 }
 
 #[test]
@@ -433,29 +448,4 @@ fn upstream_checks_on_the_toy_base() {
         &|| Box::new(ToyHooks),
         &weights,
     );
-}
-
-#[test]
-fn misaligned_draft_is_refused_with_a_reason() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
-    let draft_dir = tempfile::tempdir().unwrap();
-    write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
-    let draft = load_draft(draft_dir.path()).unwrap();
-    let weights = draft.weights().unwrap();
-    let sink = Arc::new(Mutex::new(TapRows::new(256)));
-    for _ in 0..3 {
-        sink.lock().unwrap().push_row(&[0.0; 256]);
-    }
-    let mut head = DFlashHead::new(
-        &weights,
-        Box::new(PackageHooks::new(&package, HeadKind::Tiles).unwrap()),
-        sink,
-    );
-    assert_eq!(head.draft(6, 1, 7), None);
-    assert_eq!(
-        head.error().unwrap(),
-        "drafting at position 6 over 3 committed rows"
-    );
-    assert!(head.draft(4, 1, 7).is_some());
-    assert_eq!(head.error(), None);
 }
