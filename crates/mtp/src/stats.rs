@@ -54,3 +54,25 @@ impl Stats {
         (self.accepted + self.rounds) as f64 / self.rounds as f64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+
+    #[test]
+    fn rounds_add_up_by_position() {
+        let mut s = Stats::default();
+        assert_eq!(s.tokens_per_round(), 0.0);
+        s.record_round(3, 3);
+        s.record_round(3, 1);
+        s.record_round(2, 0);
+        s.record_round(4, 2);
+        assert_eq!((s.rounds, s.drafted, s.accepted), (4, 12, 6));
+        assert_eq!(s.accepted_per_round, vec![3, 1, 0, 2]);
+        assert_eq!(s.offered_at, vec![4, 4, 3, 1]);
+        assert_eq!(s.accepted_at, vec![3, 2, 1, 0]);
+        assert_eq!(s.acceptance_by_position(), vec![0.75, 0.5, 1.0 / 3.0, 0.0]);
+        // (6 accepted + 4 own tokens) / 4 rounds.
+        assert_eq!(s.tokens_per_round(), 2.5);
+    }
+}
