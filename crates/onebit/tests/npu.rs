@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fixture, json_of, onebit};
+use common::{fixture, json_of, onebit, reference_pair};
 
 #[test]
 fn doctor_reports_the_machine_and_why_the_npu_is_not_usable() {
@@ -125,6 +125,45 @@ fn sim_backend_generates_the_cpu_backends_tokens() {
     assert_eq!(spec["plain"]["tokens"], cpu["tokens"]);
     assert_eq!(spec["speculative"]["tokens"], cpu["tokens"]);
     assert!(spec["speculative"]["stats"]["rounds"].as_u64().unwrap() > 1);
+}
+
+/// z-lab's trained draft through the simulated NPU: the sim's tap rows feed the
+/// drafter, and the tokens and every round's acceptance equal the CPU backend's.
+#[test]
+fn sim_backend_runs_the_dflash_reference_pair_like_the_cpu() {
+    let (_dir, target, draft) = reference_pair();
+    let run = |backend: &str| {
+        let out = onebit()
+            .args([
+                "run",
+                "--prompt-tokens",
+                "1,17,300,42,7,255,3,99,128,64",
+                "--max-tokens",
+                "48",
+            ])
+            .args([
+                "--ignore-eos",
+                "--json",
+                "--draft-max",
+                "7",
+                "--backend",
+                backend,
+                "--model",
+            ])
+            .arg(&target)
+            .arg("--draft")
+            .arg(&draft)
+            .output()
+            .unwrap();
+        json_of(out)
+    };
+    let (cpu, sim) = (run("cpu"), run("sim"));
+    assert_eq!(sim["tokens"], cpu["tokens"]);
+    assert_eq!(
+        sim["speculative"]["accepted_per_round"],
+        cpu["speculative"]["accepted_per_round"]
+    );
+    assert!(sim["speculative"]["accepted"].as_u64().unwrap() > 0);
 }
 
 #[test]

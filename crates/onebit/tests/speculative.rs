@@ -2,29 +2,7 @@
 //! `bench --oracle`, `bench --draft`.
 
 mod common;
-use common::{fixture, json_of, onebit};
-
-/// The DFlash reference pair as packages: the HF target converted, the z-lab draft imported.
-fn reference_pair() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let (target, draft) = (dir.path().join("target"), dir.path().join("draft"));
-    onebit()
-        .arg("convert")
-        .arg("--quiet")
-        .arg(fixture("dflash-ref/target"))
-        .arg(&target)
-        .assert()
-        .success();
-    onebit()
-        .arg("convert-draft")
-        .arg(fixture("dflash-ref/draft"))
-        .arg(&draft)
-        .arg("--target")
-        .arg(&target)
-        .assert()
-        .success();
-    (dir, target, draft)
-}
+use common::{fixture, json_of, onebit, reference_pair};
 
 #[test]
 fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {

@@ -24,3 +24,25 @@ pub fn json_of(out: std::process::Output) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// The DFlash reference pair as packages: the HF target converted, the z-lab draft imported.
+pub fn reference_pair() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, draft) = (dir.path().join("target"), dir.path().join("draft"));
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("dflash-ref/target"))
+        .arg(&target)
+        .assert()
+        .success();
+    onebit()
+        .arg("convert-draft")
+        .arg(fixture("dflash-ref/draft"))
+        .arg(&draft)
+        .arg("--target")
+        .arg(&target)
+        .assert()
+        .success();
+    (dir, target, draft)
+}
