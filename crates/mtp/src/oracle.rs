@@ -81,3 +81,37 @@ impl DraftHead for OracleHead {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{OracleHead, OracleRule};
+    use crate::head::DraftHead;
+
+    #[test]
+    fn rules_parse_by_name() {
+        assert_eq!(OracleRule::parse("always"), Some(OracleRule::Always));
+        assert_eq!(
+            OracleRule::parse("every-third"),
+            Some(OracleRule::EveryThirdWrong)
+        );
+        assert_eq!(OracleRule::parse("never"), Some(OracleRule::Never));
+        assert_eq!(OracleRule::parse("sometimes"), None);
+    }
+
+    #[test]
+    fn drafts_follow_the_stream_under_the_rule() {
+        // Stream positions 0..10 hold tokens 10..20; vocabulary 20 (so 19 + 1 wraps to 0).
+        let stream: Vec<u32> = (10..20).collect();
+        let mut always = OracleHead::new(stream.clone(), 20, OracleRule::Always);
+        assert!(!always.needs_last_hidden());
+        assert_eq!(always.draft(4, 0, 3), Some(vec![14, 15, 16]));
+        assert_eq!(always.draft(8, 0, 5), Some(vec![18, 19]), "the stream ends");
+        assert_eq!(always.draft(11, 0, 2), None, "past the stream");
+        assert_eq!(always.error(), None);
+        // Wrong at absolute positions 6 and 9: the token plus one, modulo the vocabulary.
+        let mut third = OracleHead::new(stream.clone(), 20, OracleRule::EveryThirdWrong);
+        assert_eq!(third.draft(5, 0, 5), Some(vec![15, 17, 17, 18, 0]));
+        let mut never = OracleHead::new(stream, 20, OracleRule::Never);
+        assert_eq!(never.draft(7, 0, 3), Some(vec![18, 19, 0]));
+    }
+}
