@@ -455,3 +455,29 @@ fn pairing_with_a_target() {
     let msg = draft.check_target(&target(4, 500)).unwrap_err().to_string();
     assert_eq!(msg, "dflash draft: paired with target t: mask_token_id 511 is not below the target's vocabulary of 500");
 }
+
+/// Every scalar of the one table, rewritten to a value the config does not have, is
+/// refused naming the scalar and the config key (the three above show whole messages).
+#[test]
+fn every_scalar_disagreement_is_refused() {
+    use dflash_draft::{ScalarKind, SCALARS};
+    for (scalar, key, kind) in SCALARS {
+        let d = package();
+        let (dtype, bytes) = match kind {
+            ScalarKind::Ints => (Dtype::I64, 9999i64.to_le_bytes().to_vec()),
+            ScalarKind::Float => (Dtype::F32, 12345.0f32.to_le_bytes().to_vec()),
+        };
+        rewrite(d.path(), |_| true, vec![(scalar, dtype, vec![1], bytes)]);
+        let shown = match kind {
+            ScalarKind::Ints => "[9999.0]",
+            ScalarKind::Float => "[12345.0]",
+        };
+        refused(
+            d.path(),
+            &[
+                &format!("scalar '{scalar}' is {shown}"),
+                &format!("in config.json ('{key}')"),
+            ],
+        );
+    }
+}
