@@ -76,3 +76,88 @@ fn cached_equals_scratch_over_random_rounds() {
         .to_string();
     assert!(err.contains("drafting at position 3 over"), "{err}");
 }
+
+fn rows(n: usize, width: usize, seed: u64) -> Vec<f32> {
+    let mut rng = seed;
+    (0..n * width)
+        .map(|_| (lcg(&mut rng) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+/// With a sliding window W, a block row at position p sees context positions from
+/// p + 1 - W on: rows before every row's window do not change the output, and the
+/// first row inside the window does.
+#[test]
+fn sliding_window_hides_the_rows_outside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let mut w = draft.weights().unwrap();
+    let width = w.config.context_width();
+    let (n, window) = (12usize, 5usize);
+    w.config.sliding_window = Some(window);
+    let block = [7u32, 511, 511, 511];
+    let context = rows(n, width, 3);
+    let run = |ctx: &[f32]| draft_forward(&w, ctx, n, &block, n, &Hooks).unwrap().hidden;
+    let reference = run(&context);
+    // Positions 0 .. n + 1 - window are outside every block row's window.
+    let hidden_start = n + 1 - window;
+    let mut garbage = context.clone();
+    garbage[..hidden_start * width].copy_from_slice(&rows(hidden_start, width, 77));
+    assert!(
+        run(&garbage) == reference,
+        "rows outside the window changed the draft"
+    );
+    let mut touched = context.clone();
+    for v in &mut touched[hidden_start * width..(hidden_start + 1) * width] {
+        *v = -*v;
+    }
+    let h = w.config.hidden_size;
+    assert!(
+        run(&touched)[..h] != reference[..h],
+        "the first row inside the window did not reach the block's first row"
+    );
+    w.config.sliding_window = None;
+    let unwindowed = |ctx: &[f32]| draft_forward(&w, ctx, n, &block, n, &Hooks).unwrap().hidden;
+    assert!(
+        unwindowed(&garbage) != unwindowed(&context),
+        "without a window every row counts"
+    );
+}
+
+/// `embedding_scale` multiplies the block's embedding rows: scale 2 over the hooks'
+/// rows equals scale 1 over rows the hooks already doubled, bit for bit.
+#[test]
+fn embedding_scale_scales_the_block_embedding() {
+    struct Doubled;
+    impl DraftHooks for Doubled {
+        fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+            Hooks.embed(tokens).into_iter().map(|v| v * 2.0).collect()
+        }
+        fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+            Hooks.pick(hidden, n)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let mut w = draft.weights().unwrap();
+    let width = w.config.context_width();
+    let context = rows(6, width, 9);
+    let block = [3u32, 511, 511, 511];
+    let plain = draft_forward(&w, &context, 6, &block, 6, &Hooks)
+        .unwrap()
+        .hidden;
+    let doubled = draft_forward(&w, &context, 6, &block, 6, &Doubled)
+        .unwrap()
+        .hidden;
+    w.config.embedding_scale = 2.0;
+    let scaled = draft_forward(&w, &context, 6, &block, 6, &Hooks)
+        .unwrap()
+        .hidden;
+    assert!(
+        scaled == doubled,
+        "embedding_scale is not a plain multiply of the embedding"
+    );
+    assert!(scaled != plain);
+}

@@ -121,6 +121,10 @@ fn refused(dir: &Path, expect: &[&str]) {
         Err(e) => e.to_string(),
     };
     assert!(msg.starts_with("dflash draft: "), "{msg}");
+    assert!(
+        msg.contains(&dir.display().to_string()),
+        "{msg:?} does not name the package's file"
+    );
     for piece in expect {
         assert!(msg.contains(piece), "{msg:?} lacks {piece:?}");
     }
@@ -423,6 +427,14 @@ fn empty_directory() {
 #[test]
 fn manifest_mismatch() {
     let d = package();
+    // A fresh package verifies every file its manifest lists.
+    let listed = std::fs::read_to_string(d.path().join(dflash_draft::MANIFEST))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    assert!(listed >= 2);
+    assert_eq!(dflash_draft::verify_manifest(d.path()).unwrap(), listed);
     set_config(d.path(), |c| c["rope_theta"] = 10000.0.into()); // same value, different bytes
     let msg = load_draft(d.path()).err().unwrap().to_string();
     assert!(
@@ -477,6 +489,36 @@ fn every_scalar_disagreement_is_refused() {
             &[
                 &format!("scalar '{scalar}' is {shown}"),
                 &format!("in config.json ('{key}')"),
+            ],
+        );
+    }
+}
+
+/// Norm gains must be finite and bounded (a corrupt gain poisons every draft).
+#[test]
+fn unbounded_or_non_finite_gain() {
+    for (bad, shown) in [(f32::NAN, "NaN"), (20480.0, "20480"), (-32768.0, "-32768")] {
+        let d = package();
+        let c = Container::read(d.path().join("dflash_weight.q4nx")).unwrap();
+        let gain = c
+            .tensors()
+            .find(|t| t.name.ends_with("input_layernorm.weight"))
+            .map(|t| (t.name.to_string(), t.shape.to_vec(), t.bytes.to_vec()))
+            .unwrap();
+        drop(c);
+        let mut bytes = gain.2.clone();
+        bytes[2..4].copy_from_slice(&half::bf16::from_f32(bad).to_le_bytes());
+        rewrite(
+            d.path(),
+            |_| true,
+            vec![(&gain.0, Dtype::BF16, gain.1.clone(), bytes)],
+        );
+        refused(
+            d.path(),
+            &[
+                &gain.0,
+                &format!("holds {shown}"),
+                "not a finite, bounded gain",
             ],
         );
     }
