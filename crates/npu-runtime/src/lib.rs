@@ -44,3 +44,39 @@ pub fn argmax(values: &[f32]) -> usize {
     }
     best
 }
+
+/// Entry points the fuzzer (`cargo xtask fuzz`) and the property tests share: the
+/// parsers of files a user points onebit at, fed arbitrary bytes.
+pub mod fuzzing {
+    use std::path::Path;
+
+    /// Parses `bytes` as a kernel manifest at `dir/kernels.json` (whose folder holds
+    /// the files it may name). Returns whether it was accepted; never panics.
+    pub fn exercise_manifest(dir: &Path, bytes: &[u8]) -> bool {
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+            return false;
+        };
+        match crate::npu::KernelManifest::from_json(&dir.join("kernels.json"), &json) {
+            Ok(m) => {
+                for entry in m.kernels.values() {
+                    assert!(
+                        entry.xclbin.starts_with(dir),
+                        "a path left the manifest's folder"
+                    );
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Parses `bytes` as an instruction stream both ways; never panics.
+    pub fn exercise_instructions(bytes: &[u8]) -> bool {
+        let binary = crate::npu::manifest::parse_instructions(bytes, true, "fuzz");
+        let text = crate::npu::manifest::parse_instructions(bytes, false, "fuzz");
+        if let Ok(words) = &binary {
+            assert_eq!(words.len() * 4, bytes.len());
+        }
+        binary.is_ok() || text.is_ok()
+    }
+}

@@ -228,3 +228,24 @@ fn hardware_smoke() {
         );
     }
 }
+
+proptest::proptest! {
+    /// The manifest and instruction-stream parsers take any bytes without panicking
+    /// (`cargo xtask fuzz manifest|instructions` runs the same entry points for longer).
+    #[test]
+    fn parsers_never_panic(
+        bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+        edits in proptest::collection::vec((0usize..2000, proptest::num::u8::ANY), 0..8),
+    ) {
+        let dir = folder();
+        npu_runtime::fuzzing::exercise_instructions(&bytes);
+        npu_runtime::fuzzing::exercise_manifest(dir.path(), &bytes);
+        // Small edits of a good manifest reach deeper than random bytes.
+        let mut text = serde_json::to_vec(&good()).unwrap();
+        for (at, b) in edits {
+            let n = text.len();
+            text[at % n] = b;
+        }
+        npu_runtime::fuzzing::exercise_manifest(dir.path(), &text);
+    }
+}

@@ -379,40 +379,46 @@ impl KernelManifest {
 /// with one hexadecimal word per line (mlir-aie's `insts.txt`).
 pub fn load_instructions(path: &Path) -> std::result::Result<Vec<u32>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let words = if path.extension().is_some_and(|e| e == "bin") {
-        if bytes.len() % 4 != 0 || bytes.is_empty() {
+    let binary = path.extension().is_some_and(|e| e == "bin");
+    parse_instructions(&bytes, binary, &path.display().to_string())
+}
+
+/// The words of an instruction stream's bytes (`binary`: little-endian words, else
+/// hexadecimal text lines); `label` names the source in errors. Never panics.
+pub fn parse_instructions(
+    bytes: &[u8],
+    binary: bool,
+    label: &str,
+) -> std::result::Result<Vec<u32>, String> {
+    if binary {
+        if !bytes.len().is_multiple_of(4) || bytes.is_empty() {
             return Err(format!(
-                "{} holds {} bytes, not a whole number of 32-bit words",
-                path.display(),
+                "{label} holds {} bytes, not a whole number of 32-bit words",
                 bytes.len()
             ));
         }
-        bytes
+        return Ok(bytes
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
-    } else {
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("{} is neither .bin nor text", path.display()))?;
-        let mut words = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            let digits = line.trim_start_matches("0x").trim_start_matches("0X");
-            words.push(u32::from_str_radix(digits, 16).map_err(|_| {
-                format!(
-                    "{} line {}: '{line}' is not a hexadecimal word",
-                    path.display(),
-                    n + 1
-                )
-            })?);
+            .collect());
+    }
+    let text =
+        std::str::from_utf8(bytes).map_err(|_| format!("{label} is neither .bin nor text"))?;
+    let mut words = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
         }
-        if words.is_empty() {
-            return Err(format!("{} holds no instruction words", path.display()));
-        }
-        words
-    };
+        let digits = line.trim_start_matches("0x").trim_start_matches("0X");
+        words.push(
+            u32::from_str_radix(digits, 16).map_err(|_| {
+                format!("{label} line {}: '{line}' is not a hexadecimal word", n + 1)
+            })?,
+        );
+    }
+    if words.is_empty() {
+        return Err(format!("{label} holds no instruction words"));
+    }
     Ok(words)
 }
