@@ -449,3 +449,19 @@ fn upstream_checks_on_the_toy_base() {
         &weights,
     );
 }
+
+/// The drafter's embedding hook is the target's embedding; a token past the
+/// vocabulary (never produced by the loop, but the hook takes any id) reads the last
+/// row instead of out of bounds.
+#[test]
+fn package_hooks_embed_like_the_target() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let hooks = PackageHooks::new(&package, HeadKind::Tiles).unwrap();
+    let target = CpuTarget::new(&package).unwrap();
+    assert_eq!(
+        hooks.embed(&[3, 7, 500]),
+        target.embed(&[3, 7, 500]).unwrap()
+    );
+    let vocab = package.config.vocab_size as u32;
+    assert_eq!(hooks.embed(&[vocab + 5]), hooks.embed(&[vocab - 1]));
+}
