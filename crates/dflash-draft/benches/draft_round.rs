@@ -2,9 +2,10 @@
 //! fold 1..8 newly committed tap rows into the cache, then draft a block of 8.
 //! The head (the target's LM head) is not part of the draft's cost and is left out.
 //!
-//! Next to it, when `cargo xtask fetch-model smollm2` has been run: one 8-row verify
-//! pass of SmolLM2 on the CPU backend (the round's other half), so the two read side
-//! by side.
+//! Next to it: one 8-row verify pass of SmolLM2 on the CPU backend (when `cargo xtask
+//! fetch-model smollm2` has been run), and one layer's matmuls of the 4B-class target
+//! the Bolt geometry drafts for (36 layers make its pass), so the round's two halves
+//! read side by side.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use dflash_draft::synthetic::{bolt_config, write_synthetic};
@@ -79,5 +80,53 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, target_class_layer);
 criterion_main!(benches);
+
+/// The matmuls of one layer of the target class the Bolt geometry drafts for (hidden
+/// 2560, 32 query / 8 key-value heads of 128, intermediate 9728: a 4B-parameter
+/// model of 36 layers) over an 8-row verify batch. 36 of these plus the head are one
+/// verify pass of such a target; compare with `bolt_draft_round`.
+fn target_class_layer(c: &mut Criterion) {
+    use npu_runtime::kernels::{matmul, Kernel};
+    use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
+    let shapes = [
+        (4096, 2560),
+        (1024, 2560),
+        (1024, 2560),
+        (2560, 4096),
+        (9728, 2560),
+        (9728, 2560),
+        (2560, 9728),
+    ];
+    let tiles: Vec<(usize, usize, Vec<u8>)> = shapes
+        .iter()
+        .map(|&(n, k)| {
+            let v: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 2654435761usize) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            (n, k, encode_q4_1(&v, n, k).unwrap())
+        })
+        .collect();
+    let weights: Vec<Q4Matrix> = tiles
+        .iter()
+        .map(|(n, k, t)| Q4Matrix::from_bytes("w", t, *n, *k, Q4Kind::Q4_1).unwrap())
+        .collect();
+    let kernel = Kernel::detect();
+    let rows = 8;
+    let xs: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(_, k)| (0..rows * k).map(|i| (i % 13) as f32 * 0.1).collect())
+        .collect();
+    let mut ys: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0f32; rows * n]).collect();
+    let mut g = c.benchmark_group("target_4b_class_layer");
+    g.sample_size(10);
+    g.bench_function("8_rows", |b| {
+        b.iter(|| {
+            for ((w, x), y) in weights.iter().zip(&xs).zip(ys.iter_mut()) {
+                matmul(w, x, rows, y, kernel);
+            }
+        })
+    });
+    g.finish();
+}
