@@ -378,3 +378,63 @@ fn the_npu_device_without_xrt_says_so() {
 fn xrt_sys_enabled() -> bool {
     cfg!(feature = "xrt")
 }
+
+/// A refused op (a token past the vocabulary) leaves the simulated device usable.
+#[test]
+fn sim_device_survives_a_refused_op() {
+    use npu_runtime::npu::plan::{BufferSpec, Geometry, Op, PassArgs};
+    use npu_runtime::npu::Device;
+    let g = Geometry {
+        hidden: 16,
+        head_dim: 8,
+        num_heads: 2,
+        num_kv_heads: 1,
+        vocab: 4,
+        rms_eps: 1e-6,
+        capacity: 8,
+        max_rows: 2,
+        taps: 0,
+    };
+    let spec = |name: &str, bytes: usize, elem: Elem| BufferSpec {
+        name: name.into(),
+        bytes,
+        role: BufferRole::Activations,
+        elem,
+        source: None,
+    };
+    let buffers = [
+        spec("table", 4 * 16 * 2, Elem::Bytes),
+        spec("tokens", 8, Elem::Bytes),
+        spec("out", 2 * 16 * 4, Elem::F32),
+    ];
+    let op = Op::Embed {
+        table: 0,
+        tokens: 1,
+        out: 2,
+    };
+    let mut device = SimDevice::new(Kernel::Scalar);
+    device
+        .allocate(&buffers, std::slice::from_ref(&op))
+        .unwrap();
+    let table: Vec<u8> = (0..64u16)
+        .flat_map(|i| half::bf16::from_f32(i as f32).to_le_bytes())
+        .collect();
+    device.write(0, 0, &table).unwrap();
+    let pass = PassArgs {
+        rows: 2,
+        position: 0,
+    };
+    device.write(1, 0, &[1, 0, 0, 0, 9, 0, 0, 0]).unwrap();
+    let err = device.run(&op, &g, pass).unwrap_err().to_string();
+    assert!(err.contains("token 9 outside the vocabulary of 4"), "{err}");
+    device.write(1, 0, &[1, 0, 0, 0, 3, 0, 0, 0]).unwrap();
+    device.run(&op, &g, pass).unwrap();
+    let mut out = vec![0u8; 2 * 16 * 4];
+    device.read(2, 0, &mut out).unwrap();
+    let values: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(values[0], 16.0, "row 1 starts at table value 16");
+    assert_eq!(values[16], 48.0, "row 3 starts at table value 48");
+}

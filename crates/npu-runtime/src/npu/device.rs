@@ -115,18 +115,23 @@ impl SimDevice {
         let hd = g.head_dim;
         match *op {
             Op::Embed { table, tokens, out } => {
+                // Check every id before taking the output buffer, so a refused pass
+                // leaves the device usable.
+                let ids: Vec<usize> = self
+                    .bytes(tokens)?
+                    .chunks_exact(4)
+                    .take(n)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                    .collect();
+                if let Some(&t) = ids.iter().find(|&&t| t >= g.vocab) {
+                    return Err(sim_error(format!(
+                        "token {t} outside the vocabulary of {}",
+                        g.vocab
+                    )));
+                }
                 let mut y = self.take(out)?;
-                let ids = self.bytes(tokens)?;
                 let table = self.bytes(table)?;
-                for i in 0..n {
-                    let t = u32::from_le_bytes(ids[i * 4..i * 4 + 4].try_into().expect("4 bytes"))
-                        as usize;
-                    if t >= g.vocab {
-                        return Err(sim_error(format!(
-                            "token {t} outside the vocabulary of {}",
-                            g.vocab
-                        )));
-                    }
+                for (i, &t) in ids.iter().enumerate() {
                     let row = &table[t * g.hidden * 2..(t + 1) * g.hidden * 2];
                     for (dst, b) in y[i * g.hidden..(i + 1) * g.hidden]
                         .iter_mut()
