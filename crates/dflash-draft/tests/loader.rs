@@ -484,11 +484,22 @@ fn every_scalar_disagreement_is_refused() {
             ScalarKind::Ints => "[9999.0]",
             ScalarKind::Float => "[12345.0]",
         };
+        // What config.json says, stated here independently of the loader's table.
+        let c = small_config();
+        let configured: Vec<f64> = match key {
+            "block_size" => vec![c.block_size as f64],
+            "sliding_window" => vec![c.sliding_window.unwrap_or(0) as f64],
+            "target_layer_ids" => c.target_layer_ids.iter().map(|&l| l as f64).collect(),
+            "embedding_scale" => vec![c.embedding_scale as f64],
+            "rope_theta" => vec![c.rope_theta as f64],
+            "rms_norm_eps" => vec![c.rms_norm_eps as f64],
+            other => panic!("a scalar key this test does not know: {other}"),
+        };
         refused(
             d.path(),
             &[
                 &format!("scalar '{scalar}' is {shown}"),
-                &format!("in config.json ('{key}')"),
+                &format!("but {configured:?} in config.json ('{key}')"),
             ],
         );
     }
@@ -522,4 +533,23 @@ fn unbounded_or_non_finite_gain() {
             ],
         );
     }
+}
+
+/// The builder names a non-default weights file in config.json (and only then), and
+/// the loader follows it.
+#[test]
+fn custom_weights_file_name() {
+    let d = package();
+    assert!(
+        config_of(d.path()).get("weights").is_none(),
+        "default name left implicit"
+    );
+    let custom = tempfile::tempdir().unwrap();
+    let mut config = small_config();
+    config.weights = "custom_weights.q4nx".into();
+    write_synthetic(custom.path(), &config, SEED).unwrap();
+    assert_eq!(config_of(custom.path())["weights"], "custom_weights.q4nx");
+    assert!(custom.path().join("custom_weights.q4nx").is_file());
+    let draft = load_draft(custom.path()).unwrap();
+    assert_eq!(draft.config.weights, "custom_weights.q4nx");
 }
