@@ -22,14 +22,21 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut crates: Vec<String> = Vec::new();
     let mut shard: Option<String> = None;
     let mut files: Vec<String> = Vec::new();
+    let mut passthrough: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
+            // Everything after `--` goes to cargo-mutants as is (e.g. `-- --iterate`
+            // to retest only what the previous run did not catch).
+            "--" => {
+                passthrough.extend(it.by_ref().cloned());
+                break;
+            }
             "--shard" => shard = Some(it.next().context("--shard needs K/N")?.clone()),
             "--file" => files.push(it.next().context("--file needs a path")?.clone()),
             name if CRATES.contains(&name) => crates.push(name.to_string()),
             other => bail!(
-                "cargo-mutants: unknown argument '{other}' (crates: {}; options: --shard K/N, --file PATH)",
+                "cargo-mutants: unknown argument '{other}' (crates: {}; options: --shard K/N, --file PATH, -- ARGS for cargo-mutants)",
                 CRATES.join(", ")
             ),
         }
@@ -66,6 +73,7 @@ pub fn run(args: &[String]) -> Result<()> {
         for file in &files {
             cmd.args(["--file", file]);
         }
+        cmd.args(&passthrough);
         eprintln!("cargo-mutants: {krate} (output in {})", out.display());
         // cargo-mutants exits non-zero when mutants are missed; the counts say why.
         let status = cmd.status().context("cannot run cargo mutants")?;
