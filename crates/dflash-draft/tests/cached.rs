@@ -45,6 +45,7 @@ fn cached_equals_scratch_over_random_rounds() {
     let mut committed: Vec<f32> = (0..5).flat_map(|_| row(&mut rng)).collect();
     let mut new_rows = committed.clone();
     let mut cache = DraftKvCache::new(&w.config);
+    assert!(cache.is_empty() && cache.len() == 0);
     for round in 0..30 {
         let pos = committed.len() / width;
         let block: Vec<u32> = std::iter::once((lcg(&mut rng) % 500) as u32)
@@ -66,6 +67,7 @@ fn cached_equals_scratch_over_random_rounds() {
             "round {round}: cached and scratch differ"
         );
         assert_eq!(cache.len(), pos);
+        assert!(!cache.is_empty());
         let commit = 1 + (lcg(&mut rng) % 4) as usize;
         new_rows = (0..commit).flat_map(|_| row(&mut rng)).collect();
         committed.extend_from_slice(&new_rows);
