@@ -71,6 +71,13 @@ fn dflash_ref_draft_imports_losslessly() {
         assert_eq!(draft.decode_gain(gain).unwrap(), want, "{name}");
     }
     let fc = src.tensor("fc.weight").unwrap().to_f32().unwrap();
+    // The report's fusion error is exactly the bf16 rounding of the source matrix.
+    let rounding = fc
+        .iter()
+        .map(|&v| (half::bf16::from_f32(v).to_f32() - v).abs())
+        .fold(0f32, f32::max);
+    assert!(rounding > 0.0);
+    assert_eq!(report.max_fusion_error, rounding);
     let got = draft.decode_fusion().unwrap();
     assert!(got
         .iter()
