@@ -553,3 +553,43 @@ fn custom_weights_file_name() {
     let draft = load_draft(custom.path()).unwrap();
     assert_eq!(draft.config.weights, "custom_weights.q4nx");
 }
+
+/// The orientation check tells a fusion matrix stored in the declared block-column
+/// order from the same values written plainly row after row (same shape, so the
+/// loader cannot see it): the declared reading contradicts itself, the plain one agrees.
+#[test]
+fn orientation_check_flags_a_plain_row_major_fusion_matrix() {
+    let d = package();
+    let draft = load_draft(d.path()).unwrap();
+    let right = fusion_orientation(&draft).unwrap();
+    assert!(
+        right.declared_consistent() && !right.plain_consistent(),
+        "{right:?}"
+    );
+    let logical = draft.decode_fusion().unwrap();
+    let c = Container::read(d.path().join("dflash_weight.q4nx")).unwrap();
+    let shape = c.tensor(FUSION).unwrap().shape.to_vec();
+    drop(c);
+    drop(draft);
+    let plain: Vec<u8> = logical
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(FUSION, Dtype::BF16, shape, plain)],
+    );
+    let wrong = load_draft_with(
+        d.path(),
+        LoadOptions {
+            verify_manifest: false,
+        },
+    )
+    .unwrap();
+    let o = fusion_orientation(&wrong).unwrap();
+    assert!(!o.declared_consistent() && o.plain_consistent(), "{o:?}");
+    assert!(!o.confirms_declared_order());
+    // The two readings swap roles: what was the plain reading is now the declared one.
+    assert_eq!(o.plain, right.declared);
+}
