@@ -45,7 +45,8 @@ fn cached_equals_scratch_over_random_rounds() {
     let mut committed: Vec<f32> = (0..5).flat_map(|_| row(&mut rng)).collect();
     let mut new_rows = committed.clone();
     let mut cache = DraftKvCache::new(&w.config);
-    assert!(cache.is_empty() && cache.len() == 0);
+    assert!(cache.is_empty());
+    assert_eq!(cache.len(), 0);
     for round in 0..30 {
         let pos = committed.len() / width;
         let block: Vec<u32> = std::iter::once((lcg(&mut rng) % 500) as u32)

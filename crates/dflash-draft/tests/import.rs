@@ -36,6 +36,7 @@ fn dflash_ref_draft_imports_losslessly() {
         "projections are q4_1-representable"
     );
     assert_eq!(report.max_gain_error, 0.0, "gains are bf16-representable");
+    assert_eq!(report.tensors, 31);
     eprintln!("{report:?}");
     assert_eq!(report.inventory, format!("31 tensors, {} bytes; 2 layers, hidden 128, intermediate 256, 4 heads / 2 kv x 32, block 8, taps 0 2 3", std::fs::metadata(out.path().join("dflash_weight.q4nx")).unwrap().len()));
 
@@ -109,6 +110,34 @@ fn import_refuses_a_bad_pairing_and_a_non_draft() {
         msg.contains(
             "[0] is 'Qwen3ForCausalLM', not 'DFlashDraftModel' (not a z-lab DFlash draft)"
         ),
+        "{msg}"
+    );
+}
+
+/// A source tensor the package has no place for is refused by name, not dropped.
+#[test]
+fn import_refuses_an_unexplained_source_tensor() {
+    use q4nx_format::{Container, ContainerWriter, Dtype};
+    let src = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture("dflash-ref/draft/config.json"),
+        src.path().join("config.json"),
+    )
+    .unwrap();
+    let original = Container::read(fixture("dflash-ref/draft/model.safetensors")).unwrap();
+    let mut w = ContainerWriter::new();
+    for t in original.tensors() {
+        w.add(t.name, t.dtype, t.shape, t.bytes.to_vec()).unwrap();
+    }
+    w.add("layers.0.mlp.extra_bias", Dtype::F32, &[4], vec![0u8; 16])
+        .unwrap();
+    w.write_file(src.path().join("model.safetensors")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let msg = import_zlab(src.path(), out.path(), Some(&ref_target()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("tensor 'layers.0.mlp.extra_bias' has no place in a DFlash draft package"),
         "{msg}"
     );
 }
