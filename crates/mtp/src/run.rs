@@ -105,14 +105,10 @@ pub fn run(
                 stats,
             });
         }
-        // Never draft past the end: with `room` tokens left, k drafts and the target's
-        // own token can fill at most k + 1 (the last one may go unused).
-        let room = options.max_tokens - tokens.len();
-        let k = options.draft_max.min(room);
         let two_pass = head.as_deref().is_some_and(|h| h.needs_last_hidden());
 
         // Two-pass heads need the last hidden state: run `next` first.
-        if two_pass && k > 0 {
+        if two_pass && options.draft_max > 0 {
             let t = Instant::now();
             let l = base.forward(&[next])?;
             stats.target_seconds += t.elapsed().as_secs_f64();
@@ -131,11 +127,15 @@ pub fn run(
             }
             next = following;
         }
+        // Never draft past the end: `emit` stopped at max_tokens, so at least one token
+        // is left; k drafts and the target's own token fill at most k + 1 of the room
+        // (the last one may go unused).
+        let k = options.draft_max.min(options.max_tokens - tokens.len());
         let pos_next = base.position();
-        let drafts = match (head.as_deref_mut(), k) {
-            (Some(h), k) if k > 0 && (tokens.len() < options.max_tokens) => {
+        let drafts = match head.as_deref_mut() {
+            Some(h) if k > 0 => {
                 let t = Instant::now();
-                let d = h.draft(pos_next + 1, next, k.min(options.max_tokens - tokens.len()));
+                let d = h.draft(pos_next + 1, next, k);
                 stats.draft_seconds += t.elapsed().as_secs_f64();
                 d.unwrap_or_default()
             }
