@@ -567,6 +567,36 @@ fn orientation_check_flags_a_plain_row_major_fusion_matrix() {
         "{right:?}"
     );
     let logical = draft.decode_fusion().unwrap();
+    // The figures are Pearson correlations of log|W| between neighbours, computed
+    // here the textbook way (two passes) for the declared reading.
+    let (rows, cols) = (64usize, logical.len() / 64);
+    let logs: Vec<f64> = logical
+        .iter()
+        .map(|&v| (v.abs() as f64 + 1e-12).ln())
+        .collect();
+    let pearson = |dr: usize, dc: usize| -> f64 {
+        let pairs: Vec<(f64, f64)> = (0..rows - dr)
+            .flat_map(|r| (0..cols - dc).map(move |c| (r, c)))
+            .map(|(r, c)| (logs[r * cols + c], logs[(r + dr) * cols + c + dc]))
+            .collect();
+        let n = pairs.len() as f64;
+        let (mx, my) = (
+            pairs.iter().map(|p| p.0).sum::<f64>() / n,
+            pairs.iter().map(|p| p.1).sum::<f64>() / n,
+        );
+        let cov: f64 = pairs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / n;
+        let vx: f64 = pairs.iter().map(|p| (p.0 - mx).powi(2)).sum::<f64>() / n;
+        let vy: f64 = pairs.iter().map(|p| (p.1 - my).powi(2)).sum::<f64>() / n;
+        cov / (vx * vy).sqrt()
+    };
+    for (i, (dr, dc)) in [(1, 0), (32, 0), (0, 1), (0, 32)].into_iter().enumerate() {
+        assert!(
+            (right.declared[i] - pearson(dr, dc)).abs() < 1e-9,
+            "figure {i}: {} vs {}",
+            right.declared[i],
+            pearson(dr, dc)
+        );
+    }
     let c = Container::read(d.path().join("dflash_weight.q4nx")).unwrap();
     let shape = c.tensor(FUSION).unwrap().shape.to_vec();
     drop(c);
@@ -592,4 +622,46 @@ fn orientation_check_flags_a_plain_row_major_fusion_matrix() {
     assert!(!o.confirms_declared_order());
     // The two readings swap roles: what was the plain reading is now the declared one.
     assert_eq!(o.plain, right.declared);
+}
+
+/// A fusion matrix without structure (independent noise) reads consistently both ways,
+/// so the check does not confirm an order it cannot see.
+#[test]
+fn orientation_check_abstains_on_structureless_weights() {
+    let d = package();
+    let c = Container::read(d.path().join("dflash_weight.q4nx")).unwrap();
+    let (shape, len) = {
+        let t = c.tensor(FUSION).unwrap();
+        (t.shape.to_vec(), t.bytes.len() / 2)
+    };
+    drop(c);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let noise: Vec<u8> = (0..len)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+            half::bf16::from_f32(v).to_le_bytes()
+        })
+        .collect();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(FUSION, Dtype::BF16, shape, noise)],
+    );
+    let draft = load_draft_with(
+        d.path(),
+        LoadOptions {
+            verify_manifest: false,
+        },
+    )
+    .unwrap();
+    let o = fusion_orientation(&draft).unwrap();
+    assert!(o.declared_consistent() && o.plain_consistent(), "{o:?}");
+    assert!(!o.confirms_declared_order(), "{o:?}");
+    assert!(
+        o.declared.iter().chain(&o.plain).all(|f| f.abs() < 0.05),
+        "{o:?}"
+    );
 }
