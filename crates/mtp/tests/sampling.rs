@@ -370,3 +370,57 @@ fn stats_time_split_is_positive_and_bounded() {
     }
     assert!(s.target_seconds + s.draft_seconds + s.sampling_seconds <= wall);
 }
+
+/// `draft_max = 0` is plain decoding: no head is asked for a draft or shown a hidden
+/// state, one-pass and two-pass heads alike.
+#[test]
+fn draft_max_zero_never_consults_the_head() {
+    struct Counting {
+        two_pass: bool,
+        drafts: usize,
+        hidden: usize,
+    }
+    impl DraftHead for Counting {
+        fn needs_last_hidden(&self) -> bool {
+            self.two_pass
+        }
+        fn draft(&mut self, _pos: usize, _last: u32, _k: usize) -> Option<Vec<u32>> {
+            self.drafts += 1;
+            Some(Vec::new())
+        }
+        fn observe_hidden(&mut self, _hidden: &[f32]) {
+            self.hidden += 1;
+        }
+        fn commit_rows(&mut self, _m: usize) {}
+        fn reset(&mut self) {}
+        fn error(&self) -> Option<String> {
+            None
+        }
+    }
+    let options = RunOptions {
+        max_tokens: 12,
+        draft_max: 0,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        },
+    };
+    let plain = run(&mut toy(), None, &[0, 1], &options, &mut |_| true).unwrap();
+    for two_pass in [false, true] {
+        let mut head = Counting {
+            two_pass,
+            drafts: 0,
+            hidden: 0,
+        };
+        let out = run(&mut toy(), Some(&mut head), &[0, 1], &options, &mut |_| {
+            true
+        })
+        .unwrap();
+        assert_eq!(out.tokens, plain.tokens);
+        assert_eq!((head.drafts, head.hidden), (0, 0), "two_pass {two_pass}");
+        assert_eq!(out.stats.rounds, 0);
+        assert_eq!(out.stats.plain_steps, 11);
+    }
+}
