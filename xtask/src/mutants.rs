@@ -262,6 +262,15 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
     },
 
+    Mutant {
+        name: "npu-taps-rebuild-drops-committed-kv",
+        file: "crates/npu-runtime/src/npu/target.rs",
+        find: "let (span, committed) = (g.capacity * row_bytes, self.position * row_bytes);",
+        replace: "let (span, committed) = (g.capacity * row_bytes, 0);",
+        tests: &["-p", "npu-runtime", "--test", "npu_sim"],
+        also: None,
+    },
+
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`

@@ -1,6 +1,5 @@
 //! The CPU backend: the reference every other backend is compared against.
 
-use half::bf16;
 use rayon::prelude::*;
 
 use crate::error::{Result, TargetError};
@@ -325,27 +324,7 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> Result<()> {
-        if let Some(&bad) = layers.iter().find(|&&l| l >= self.config.num_layers) {
-            return Err(TargetError::TapLayer {
-                layer: bad,
-                layers: self.config.num_layers,
-            });
-        }
-        let width = layers.len() * self.config.hidden_size;
-        {
-            let mut s = sink.lock().expect("tap sink lock poisoned");
-            if s.width() != width {
-                if s.rows() > 0 {
-                    return Err(TargetError::Unsupported(format!(
-                        "tap sink holds rows of width {}, but {} taps of hidden {} make {width}",
-                        s.width(),
-                        layers.len(),
-                        self.config.hidden_size
-                    )));
-                }
-                *s = crate::forward::TapRows::new(width);
-            }
-        }
+        crate::forward::check_taps(&self.config, layers, &sink)?;
         self.taps = Some((layers.to_vec(), sink));
         Ok(())
     }
@@ -355,41 +334,13 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let h = self.config.hidden_size;
-        let mut out = Vec::with_capacity(tokens.len() * h);
-        for &t in tokens {
-            if t as usize >= self.config.vocab_size {
-                return Err(TargetError::TokenOutOfRange {
-                    token: t,
-                    vocab: self.config.vocab_size,
-                });
-            }
-            let row = &self.weights.embed.bytes[t as usize * h * 2..(t as usize + 1) * h * 2];
-            out.extend(
-                row.chunks_exact(2)
-                    .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            );
-        }
-        Ok(out)
+        self.weights.embed_rows(&self.config, tokens)
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.pool.install(|| match self.head {
-            HeadKind::Tiles => self.project(&self.weights.lm_head, hidden, n),
-            HeadKind::Embedding => {
-                let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-                let mut y = vec![0f32; n * v];
-                kernels::dense::matmul_bf16(
-                    self.weights.embed.bytes,
-                    v,
-                    h,
-                    hidden,
-                    n,
-                    &mut y,
-                    self.kernel,
-                );
-                y
-            }
+        self.pool.install(|| {
+            self.weights
+                .head_logits(&self.config, self.head, hidden, n, self.kernel)
         })
     }
 }

@@ -50,6 +50,32 @@ impl TapRows {
 /// Shared between the target (which appends) and a drafter (which reads and trims).
 pub type TapSink = Arc<Mutex<TapRows>>;
 
+/// What every backend's `set_layer_taps` checks first: the layers exist, and the sink
+/// holds rows of the new width (an empty sink is re-shaped; one holding rows of
+/// another width is refused).
+pub(crate) fn check_taps(config: &TargetConfig, layers: &[usize], sink: &TapSink) -> Result<()> {
+    if let Some(&bad) = layers.iter().find(|&&l| l >= config.num_layers) {
+        return Err(crate::TargetError::TapLayer {
+            layer: bad,
+            layers: config.num_layers,
+        });
+    }
+    let width = layers.len() * config.hidden_size;
+    let mut s = sink.lock().expect("tap sink lock poisoned");
+    if s.width() != width {
+        if s.rows() > 0 {
+            return Err(crate::TargetError::Unsupported(format!(
+                "tap sink holds rows of width {}, but {} taps of hidden {} make {width}",
+                s.width(),
+                layers.len(),
+                config.hidden_size
+            )));
+        }
+        *s = TapRows::new(width);
+    }
+    Ok(())
+}
+
 /// A target model run by some backend.
 ///
 /// Positions: after `forward` of n tokens from position `p`, the cache holds `p + n`

@@ -189,6 +189,56 @@ pub struct TargetWeights<'a> {
     pub layers: Vec<LayerWeights<'a>>,
 }
 
+impl TargetWeights<'_> {
+    /// Embedding rows of `tokens` (`tokens.len() × hidden`), widened from BF16.
+    pub fn embed_rows(&self, config: &TargetConfig, tokens: &[u32]) -> Result<Vec<f32>> {
+        let h = config.hidden_size;
+        let mut out = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            if t as usize >= config.vocab_size {
+                return Err(TargetError::TokenOutOfRange {
+                    token: t,
+                    vocab: config.vocab_size,
+                });
+            }
+            let row = &self.embed.bytes[t as usize * h * 2..(t as usize + 1) * h * 2];
+            out.extend(
+                row.chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Logits of final-normed hidden rows (`n × hidden` → `n × vocab`) with `head`.
+    pub fn head_logits(
+        &self,
+        config: &TargetConfig,
+        head: crate::cpu::HeadKind,
+        hidden: &[f32],
+        n: usize,
+        kernel: crate::kernels::Kernel,
+    ) -> Vec<f32> {
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let mut y = vec![0f32; n * v];
+        match head {
+            crate::cpu::HeadKind::Tiles => {
+                crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel)
+            }
+            crate::cpu::HeadKind::Embedding => crate::kernels::dense::matmul_bf16(
+                self.embed.bytes,
+                v,
+                h,
+                hidden,
+                n,
+                &mut y,
+                kernel,
+            ),
+        }
+        y
+    }
+}
+
 /// A package on disk: its config and its mapped container.
 pub struct TargetPackage {
     pub dir: PathBuf,

@@ -5,7 +5,7 @@ use super::pack;
 use super::plan::{BufferRole, DispatchPlan, PassArgs, PlanOptions};
 use crate::cpu::HeadKind;
 use crate::error::{Result, TargetError};
-use crate::forward::{Forward, TapRows, TapSink};
+use crate::forward::{Forward, TapSink};
 use crate::model::{TargetConfig, TargetPackage, TargetWeights};
 
 /// A target model on a device.
@@ -173,27 +173,7 @@ impl<D: Device> Forward for NpuTarget<'_, D> {
     }
 
     fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> Result<()> {
-        if let Some(&bad) = layers.iter().find(|&&l| l >= self.config.num_layers) {
-            return Err(TargetError::TapLayer {
-                layer: bad,
-                layers: self.config.num_layers,
-            });
-        }
-        let width = layers.len() * self.config.hidden_size;
-        {
-            let mut s = sink.lock().expect("tap sink lock poisoned");
-            if s.width() != width {
-                if s.rows() > 0 {
-                    return Err(TargetError::Unsupported(format!(
-                        "tap sink holds rows of width {}, but {} taps of hidden {} make {width}",
-                        s.width(),
-                        layers.len(),
-                        self.config.hidden_size
-                    )));
-                }
-                *s = TapRows::new(width);
-            }
-        }
+        crate::forward::check_taps(&self.config, layers, &sink)?;
         if self.plan.options.taps != layers {
             self.rebuild_with_taps(layers.to_vec())?;
         }
@@ -206,66 +186,47 @@ impl<D: Device> Forward for NpuTarget<'_, D> {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let h = self.config.hidden_size;
-        let mut out = Vec::with_capacity(tokens.len() * h);
-        for &t in tokens {
-            if t as usize >= self.config.vocab_size {
-                return Err(TargetError::TokenOutOfRange {
-                    token: t,
-                    vocab: self.config.vocab_size,
-                });
-            }
-            let row = &self.weights.embed.bytes[t as usize * h * 2..(t as usize + 1) * h * 2];
-            out.extend(
-                row.chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            );
-        }
-        Ok(out)
+        self.weights.embed_rows(&self.config, tokens)
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
         // The drafter scores a few rows on the host: same kernels as the device's head.
         let kernel = crate::kernels::Kernel::detect();
-        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let mut y = vec![0f32; n * v];
-        match self.plan.options.head {
-            HeadKind::Tiles => {
-                crate::kernels::matmul(&self.weights.lm_head, hidden, n, &mut y, kernel)
-            }
-            HeadKind::Embedding => crate::kernels::dense::matmul_bf16(
-                self.weights.embed.bytes,
-                v,
-                h,
-                hidden,
-                n,
-                &mut y,
-                kernel,
-            ),
-        }
-        y
+        self.weights
+            .head_logits(&self.config, self.plan.options.head, hidden, n, kernel)
     }
 }
 
 impl<D: Device> NpuTarget<'_, D> {
-    /// Taps change which rows the device copies out, so the plan is rebuilt; the KV
-    /// buffers must survive, so they are read out and written back.
+    /// Taps change which rows the device copies out, so the plan is rebuilt; the
+    /// committed KV rows must survive, so they (and only they) are read out and written
+    /// back: nothing at all when taps are set before the first pass.
     fn rebuild_with_taps(&mut self, taps: Vec<usize>) -> Result<()> {
+        let g = self.plan.geometry;
+        let row_bytes = g.head_dim * 4;
+        let (span, committed) = (g.capacity * row_bytes, self.position * row_bytes);
         let mut saved = Vec::new();
-        for &(keys, values) in &self.plan.kv {
+        for &(keys, values) in self.plan.kv.iter().filter(|_| committed > 0) {
             for id in [keys, values] {
-                let mut bytes = vec![0u8; self.plan.buffers[id].bytes];
-                self.device.read(id, 0, &mut bytes)?;
-                saved.push(bytes);
+                for kh in 0..g.num_kv_heads {
+                    let mut bytes = vec![0u8; committed];
+                    self.device.read(id, kh * span, &mut bytes)?;
+                    saved.push(bytes);
+                }
             }
         }
         let mut options = self.plan.options.clone();
         options.taps = taps;
         self.plan = DispatchPlan::build(&self.config, &options)?;
         self.load_plan()?;
-        let ids: Vec<_> = self.plan.kv.iter().flat_map(|&(k, v)| [k, v]).collect();
-        for (id, bytes) in ids.into_iter().zip(saved) {
-            self.device.write(id, 0, &bytes)?;
+        let mut saved = saved.into_iter();
+        for &(keys, values) in self.plan.kv.iter().filter(|_| committed > 0) {
+            for id in [keys, values] {
+                for kh in 0..g.num_kv_heads {
+                    let bytes = saved.next().expect("one saved range per head");
+                    self.device.write(id, kh * span, &bytes)?;
+                }
+            }
         }
         Ok(())
     }
