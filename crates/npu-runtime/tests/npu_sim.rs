@@ -438,3 +438,129 @@ fn sim_device_survives_a_refused_op() {
     assert_eq!(values[0], 16.0, "row 1 starts at table value 16");
     assert_eq!(values[16], 48.0, "row 3 starts at table value 48");
 }
+
+/// The sim device, the packer and the plan refuse bad requests by name.
+#[test]
+fn npu_refusals_are_named() {
+    use npu_runtime::npu::plan::{BufferSpec, Geometry, Op, PassArgs, WeightSource};
+    use npu_runtime::npu::Device;
+    let spec = |name: &str, bytes: usize, elem: Elem, source: Option<WeightSource>| BufferSpec {
+        name: name.into(),
+        bytes,
+        role: if source.is_some() {
+            BufferRole::Weights
+        } else {
+            BufferRole::Activations
+        },
+        elem,
+        source,
+    };
+    let mut device = SimDevice::new(Kernel::Scalar);
+    let buffers = [
+        spec("raw", 8, Elem::Bytes, None),
+        spec("rows", 16, Elem::F32, None),
+    ];
+    device.allocate(&buffers, &[]).unwrap();
+    let text = |r: npu_runtime::Result<()>| r.unwrap_err().to_string();
+    assert_eq!(
+        text(device.write(0, 4, &[0; 8])),
+        "target: npu sim: write of 8 bytes at 4 overruns buffer raw"
+    );
+    assert_eq!(
+        text(device.read(1, 8, &mut [0; 12])),
+        "target: npu sim: read of 12 bytes at 8 overruns buffer rows"
+    );
+    assert_eq!(
+        text(device.write(1, 2, &[0; 4])),
+        "target: npu sim: unaligned write to f32 buffer rows"
+    );
+    assert_eq!(
+        text(device.read(1, 0, &mut [0; 3])),
+        "target: npu sim: unaligned read from f32 buffer rows"
+    );
+    assert_eq!(
+        text(device.write(7, 0, &[])),
+        "target: npu sim: no buffer 7"
+    );
+    let g = Geometry {
+        hidden: 4,
+        head_dim: 2,
+        num_heads: 1,
+        num_kv_heads: 1,
+        vocab: 2,
+        rms_eps: 1e-6,
+        capacity: 2,
+        max_rows: 1,
+        taps: 0,
+    };
+    let pass = PassArgs {
+        rows: 1,
+        position: 0,
+    };
+    let swapped = Op::Add {
+        x: 0,
+        y: 1,
+        width: 4,
+    };
+    assert_eq!(
+        text(device.run(&swapped, &g, pass)),
+        "target: npu sim: buffer raw holds bytes, not f32"
+    );
+
+    let package = TargetPackage::open(fixture("tiny-llama")).unwrap();
+    let weights = package.weights().unwrap();
+    let c = &package.config;
+    let not_weights = spec("x", 16, Elem::F32, None);
+    assert_eq!(
+        pack::pack(c, &weights, &not_weights, 8)
+            .unwrap_err()
+            .to_string(),
+        "target: npu: buffer x is not a weight buffer"
+    );
+    let small = spec("final_norm", 4, Elem::F32, Some(WeightSource::FinalNorm));
+    assert_eq!(
+        pack::pack(c, &weights, &small, 8).unwrap_err().to_string(),
+        format!(
+            "target: npu: {} bytes of final_norm do not fit its 4-byte buffer",
+            c.hidden_size * 4
+        )
+    );
+    let beyond = spec(
+        "layer99.input_norm",
+        4096,
+        Elem::F32,
+        Some(WeightSource::Gain {
+            layer: 99,
+            norm: npu_runtime::npu::plan::Norm::Input,
+        }),
+    );
+    assert_eq!(
+        pack::pack(c, &weights, &beyond, 8).unwrap_err().to_string(),
+        "target: npu: buffer layer99.input_norm names missing layer 99"
+    );
+    let q_norm = spec(
+        "layer0.q_norm",
+        4096,
+        Elem::F32,
+        Some(WeightSource::Gain {
+            layer: 0,
+            norm: npu_runtime::npu::plan::Norm::Query,
+        }),
+    );
+    assert_eq!(
+        pack::pack(c, &weights, &q_norm, 8).unwrap_err().to_string(),
+        "target: npu: buffer layer0.q_norm needs a Query norm that layer 0 does not have"
+    );
+    assert_eq!(
+        pack::unpack_tiles("w", &[0u8; 100], 32, 256)
+            .unwrap_err()
+            .to_string(),
+        "target: npu: buffer w holds 100 bytes, fewer than the 5120 of a 32 x 256 tile grid"
+    );
+    let mut options = PlanOptions::for_model(c);
+    options.max_rows = 0;
+    assert_eq!(
+        DispatchPlan::build(c, &options).unwrap_err().to_string(),
+        "target: npu plan: max_rows must be at least 1"
+    );
+}
