@@ -88,7 +88,7 @@ criterion_main!(benches);
 /// model of 36 layers) over an 8-row verify batch. 36 of these plus the head are one
 /// verify pass of such a target; compare with `bolt_draft_round`.
 fn target_class_layer(c: &mut Criterion) {
-    use npu_runtime::kernels::{matmul, Kernel};
+    use npu_runtime::kernels::{matmul, Isa};
     use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
     let shapes = [
         (4096, 2560),
@@ -112,7 +112,7 @@ fn target_class_layer(c: &mut Criterion) {
         .iter()
         .map(|(n, k, t)| Q4Matrix::from_bytes("w", t, *n, *k, Q4Kind::Q4_1).unwrap())
         .collect();
-    let kernel = Kernel::detect();
+    let kernel = Isa::detect();
     let rows = 8;
     let xs: Vec<Vec<f32>> = shapes
         .iter()

@@ -17,7 +17,7 @@
 //! [`draft_forward_cached`] folds only new rows into a cache. Every kernel computes a row
 //! the same way whatever the batch, so the two agree bit for bit.
 
-use npu_runtime::kernels::{self, dense, matmul, Kernel};
+use npu_runtime::kernels::{self, dense, matmul, Isa};
 use q4nx_format::Q4Matrix;
 use rayon::prelude::*;
 
@@ -55,17 +55,17 @@ pub struct DraftWeights<'a> {
     fc: &'a [u8],
     hidden_norm: Vec<f32>,
     final_norm: Vec<f32>,
-    kernel: Kernel,
+    kernel: Isa,
 }
 
 impl DraftModel {
     /// The weights for [`draft_forward`], with the fastest kernel this CPU has.
     pub fn weights(&self) -> Result<DraftWeights<'_>> {
-        self.weights_with(Kernel::detect())
+        self.weights_with(Isa::detect())
     }
 
     /// The weights with an explicit matmul kernel.
-    pub fn weights_with(&self, kernel: Kernel) -> Result<DraftWeights<'_>> {
+    pub fn weights_with(&self, kernel: Isa) -> Result<DraftWeights<'_>> {
         let mut layers = Vec::with_capacity(self.config.num_layers);
         for l in 0..self.config.num_layers {
             layers.push(LayerViews {

@@ -2,7 +2,7 @@
 //! the package (not from the running target, which the loop holds mutably).
 
 use dflash_draft::DraftHooks;
-use npu_runtime::kernels::{dense, matmul, Kernel};
+use npu_runtime::kernels::{dense, matmul, Isa};
 use npu_runtime::{argmax, HeadKind, TargetPackage, TargetWeights};
 
 /// Embeds with the package's BF16 embedding and picks `argmax(head(hidden))`.
@@ -11,7 +11,7 @@ pub struct PackageHooks<'p> {
     vocab: usize,
     hidden: usize,
     head: HeadKind,
-    kernel: Kernel,
+    kernel: Isa,
 }
 
 impl<'p> PackageHooks<'p> {
@@ -25,7 +25,7 @@ impl<'p> PackageHooks<'p> {
             vocab: package.config.vocab_size,
             hidden: package.config.hidden_size,
             head,
-            kernel: Kernel::detect(),
+            kernel: Isa::detect(),
         })
     }
 
@@ -34,7 +34,9 @@ impl<'p> PackageHooks<'p> {
         let mut y = vec![0f32; n * self.vocab];
         match self.head {
             HeadKind::Tiles => matmul(&self.weights.lm_head, hidden, n, &mut y, self.kernel),
-            HeadKind::Embedding => dense::matmul_bf16(
+            // The draft's picks only steer proposals (verification decides the text), so
+            // the int8 head's drafts are scored with the BF16 embedding it was made from.
+            HeadKind::Embedding | HeadKind::EmbeddingInt8 => dense::matmul_bf16(
                 self.weights.embed.bytes,
                 self.vocab,
                 self.hidden,

@@ -67,10 +67,11 @@ pub fn run(
         h.reset();
     }
     let t0 = Instant::now();
-    let logits = base.forward(prompt)?;
+    // Prefill: only the last prompt row's logits are used.
+    let logits = base.forward_last(prompt)?;
     stats.target_seconds += t0.elapsed().as_secs_f64();
     let s0 = Instant::now();
-    let mut next = sampler.pick(row(&logits, vocab, prompt.len() - 1));
+    let mut next = sampler.pick(row(&logits, vocab, 0));
     stats.sampling_seconds += s0.elapsed().as_secs_f64();
 
     // `next` is committed but not yet run through the target; it sits at `position()`.

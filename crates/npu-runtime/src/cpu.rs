@@ -4,7 +4,10 @@ use rayon::prelude::*;
 
 use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
-use crate::kernels::{self, matmul, Kernel};
+use std::sync::OnceLock;
+
+use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
+use crate::kernels::{self, matmul, Isa};
 use crate::model::{TargetConfig, TargetPackage, TargetWeights};
 
 /// Keys and values of committed positions, per layer and kv head
@@ -41,26 +44,90 @@ pub enum HeadKind {
     /// The dense BF16 embedding, for tied models: exact where the tiles are a lossy
     /// re-quantization (3x the bytes of the tiles).
     Embedding,
+    /// An int8 copy of the BF16 embedding (per-32-column scales, built at load), for
+    /// tied models: close to the embedding at 1.1 bytes per weight, run by the `q8`
+    /// family.
+    EmbeddingInt8,
 }
 
 impl HeadKind {
-    /// The default for a package: the embedding when the model is tied and its head
-    /// tiles were re-quantized from it, the tiles otherwise.
-    pub fn default_for(config: &TargetConfig) -> HeadKind {
-        if config.tie_word_embeddings && config.lm_head_requantized {
-            HeadKind::Embedding
-        } else {
-            HeadKind::Tiles
+    /// The default for a package at a precision: for a tied model whose head tiles were
+    /// re-quantized from its embedding, the embedding (its int8 copy at `q8`); the
+    /// tiles otherwise.
+    pub fn default_for(config: &TargetConfig, precision: Precision) -> HeadKind {
+        match (config.tie_word_embeddings && config.lm_head_requantized, precision) {
+            (true, Precision::Q8) => HeadKind::EmbeddingInt8,
+            (true, Precision::F32) => HeadKind::Embedding,
+            (false, _) => HeadKind::Tiles,
         }
     }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadKind::Tiles => "tiles",
+            HeadKind::Embedding => "embedding",
+            HeadKind::EmbeddingInt8 => "embedding-int8",
+        }
+    }
+}
+
+/// The arithmetic of the projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 activations times q4 weights ([`kernels::matmul`]): the exact reference the
+    /// fidelity tests use.
+    F32,
+    /// int8 activations (per row and 32-column group) times q4 weights in integer
+    /// arithmetic ([`kernels::q8`]): faster, batch-invariant, measured against `F32`.
+    Q8,
+}
+
+impl Precision {
+    /// The default: `Q8`.
+    pub fn auto() -> Precision {
+        Precision::Q8
+    }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Q8 => "q8",
+        }
+    }
+}
+
+/// One layer's projections repacked for the `q8` family: q, k and v stacked into one
+/// matrix, gate and up into another, so each runs as one parallel region.
+struct PackedLayer {
+    qkv: PackedQ4,
+    o: PackedQ4,
+    gate_up: PackedQ4,
+    down: PackedQ4,
+}
+
+/// Rows `range` of every one of `n` output rows of `stride` values.
+fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * range.len());
+    for i in 0..n {
+        out.extend_from_slice(&y[i * stride + range.start..i * stride + range.end]);
+    }
+    out
 }
 
 /// A target model on the CPU.
 pub struct CpuTarget<'a> {
     config: TargetConfig,
     weights: TargetWeights<'a>,
-    kernel: Kernel,
+    kernel: Isa,
     head: HeadKind,
+    precision: Precision,
+    /// The projections repacked for `q8` (empty at `f32`).
+    packed: Vec<PackedLayer>,
+    /// The head's packed forms, built on first use.
+    head_tiles_q8: OnceLock<PackedQ4>,
+    head_int8: OnceLock<I8Matrix>,
     cache: KvCache,
     taps: Option<(Vec<usize>, TapSink)>,
     last_hidden: Vec<f32>,
@@ -75,19 +142,30 @@ pub struct CpuTarget<'a> {
 impl<'a> CpuTarget<'a> {
     /// A target over a checked package, with the fastest kernel this CPU has.
     pub fn new(package: &'a TargetPackage) -> Result<CpuTarget<'a>> {
-        Self::with_kernel(package, Kernel::detect())
+        Self::with_kernel(package, Isa::detect())
     }
 
     /// A target with an explicit kernel (tests compare kernels).
-    pub fn with_kernel(package: &'a TargetPackage, kernel: Kernel) -> Result<CpuTarget<'a>> {
+    pub fn with_kernel(package: &'a TargetPackage, kernel: Isa) -> Result<CpuTarget<'a>> {
         Self::with_options(package, kernel, None)
     }
 
     /// A target with an explicit kernel and worker-thread count (default: all cores).
     pub fn with_options(
         package: &'a TargetPackage,
-        kernel: Kernel,
+        kernel: Isa,
         threads: Option<usize>,
+    ) -> Result<CpuTarget<'a>> {
+        Self::with_precision(package, kernel, threads, Precision::F32)
+    }
+
+    /// A target with an explicit kernel, worker-thread count and precision. At `Q8` the
+    /// projections are repacked once here (the same size as the tiles).
+    pub fn with_precision(
+        package: &'a TargetPackage,
+        kernel: Isa,
+        threads: Option<usize>,
+        precision: Precision,
     ) -> Result<CpuTarget<'a>> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.unwrap_or(0))
@@ -96,18 +174,64 @@ impl<'a> CpuTarget<'a> {
             .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
         let config = package.config.clone();
         let weights = package.weights()?;
-        Ok(CpuTarget {
+        let packed = match precision {
+            Precision::F32 => Vec::new(),
+            Precision::Q8 => pool.install(|| {
+                weights
+                    .layers
+                    .iter()
+                    .map(|l| PackedLayer {
+                        qkv: PackedQ4::stack(&[&l.q, &l.k, &l.v]),
+                        o: PackedQ4::new(&l.o),
+                        gate_up: PackedQ4::stack(&[&l.gate, &l.up]),
+                        down: PackedQ4::new(&l.down),
+                    })
+                    .collect()
+            }),
+        };
+        let target = CpuTarget {
             cache: KvCache::new(config.num_layers, config.num_kv_heads),
             config,
             weights,
             kernel,
-            head: HeadKind::default_for(&package.config),
+            head: HeadKind::default_for(&package.config, precision),
+            precision,
+            packed,
+            head_tiles_q8: OnceLock::new(),
+            head_int8: OnceLock::new(),
             taps: None,
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
             pool: std::sync::Arc::new(pool),
-        })
+        };
+        // Build the head's packed form now, so the first pass is not slower.
+        target.pool.install(|| target.prepare_head());
+        Ok(target)
+    }
+
+    /// The precision of the projections.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn prepare_head(&self) {
+        match (self.head, self.precision) {
+            (HeadKind::EmbeddingInt8, _) => {
+                self.head_int8.get_or_init(|| {
+                    I8Matrix::from_bf16(
+                        self.weights.embed.bytes,
+                        self.config.vocab_size,
+                        self.config.hidden_size,
+                    )
+                });
+            }
+            (HeadKind::Tiles, Precision::Q8) => {
+                self.head_tiles_q8
+                    .get_or_init(|| PackedQ4::new(&self.weights.lm_head));
+            }
+            _ => {}
+        }
     }
 
     /// The head in use.
@@ -117,13 +241,15 @@ impl<'a> CpuTarget<'a> {
 
     /// Chooses the head; the embedding is refused for untied models.
     pub fn set_head(&mut self, head: HeadKind) -> Result<()> {
-        if head == HeadKind::Embedding && !self.config.tie_word_embeddings {
+        if head != HeadKind::Tiles && !self.config.tie_word_embeddings {
             return Err(TargetError::Unsupported(
                 "the embedding can only serve as the head of a model with tie_word_embeddings"
                     .into(),
             ));
         }
         self.head = head;
+        let pool = self.pool.clone();
+        pool.install(|| self.prepare_head());
         Ok(())
     }
 
@@ -133,7 +259,7 @@ impl<'a> CpuTarget<'a> {
     }
 
     /// The matmul kernel in use.
-    pub fn kernel(&self) -> Kernel {
+    pub fn kernel(&self) -> Isa {
         self.kernel
     }
 
@@ -149,6 +275,14 @@ impl<'a> CpuTarget<'a> {
         let head = match self.head {
             HeadKind::Tiles => tile_bytes(c.vocab_size, c.hidden_size),
             HeadKind::Embedding => c.vocab_size * c.hidden_size * 2,
+            HeadKind::EmbeddingInt8 => {
+                c.vocab_size.div_ceil(q8::I8_BLOCK_ROWS)
+                    * q8::I8_BLOCK_ROWS
+                    * c.hidden_size
+                    / q8::GROUP
+                    * q8::I8_GROUP_BYTES
+                    / q8::I8_BLOCK_ROWS
+            }
         };
         per_layer * c.num_layers + head
     }
@@ -171,7 +305,7 @@ impl<'a> CpuTarget<'a> {
 }
 
 impl CpuTarget<'_> {
-    fn forward_in_pool(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn forward_in_pool(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let p0 = self.cache.len;
         if p0 + n > self.config.max_positions {
@@ -199,12 +333,34 @@ impl CpuTarget<'_> {
             .unwrap_or_default();
         let mut tap_values: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
         let mut normed = vec![0f32; n * h];
+        let mut quantized = QuantizedRows::default();
+        let isa = self.kernel;
+        // At q8: each projection's input rows quantized once, outputs per stacked part.
+        let q8_project = |w: &PackedQ4, input: &[f32], k: usize, quantized: &mut QuantizedRows| {
+            quantized.quantize_from(input, n, k);
+            let mut y = vec![0f32; n * w.stride()];
+            q8::matmul_q4(w, quantized, &mut y, isa);
+            y
+        };
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
             kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed);
-            let mut q = self.project(&layer.q, &normed, n);
-            let mut k = self.project(&layer.k, &normed, n);
-            let v = self.project(&layer.v, &normed, n);
+            let (mut q, mut k, v) = match self.packed.get(l) {
+                Some(p) => {
+                    let y = q8_project(&p.qkv, &normed, h, &mut quantized);
+                    let s = p.qkv.stride();
+                    (
+                        gather(&y, n, s, p.qkv.part(0)),
+                        gather(&y, n, s, p.qkv.part(1)),
+                        gather(&y, n, s, p.qkv.part(2)),
+                    )
+                }
+                None => (
+                    self.project(&layer.q, &normed, n),
+                    self.project(&layer.k, &normed, n),
+                    self.project(&layer.v, &normed, n),
+                ),
+            };
             kernels::norm_and_rope(
                 &mut q,
                 cfg.num_heads,
@@ -251,15 +407,30 @@ impl CpuTarget<'_> {
                         out,
                     );
                 });
-            let o = self.project(&layer.o, &attn, n);
+            let o = match self.packed.get(l) {
+                Some(p) => q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized),
+                None => self.project(&layer.o, &attn, n),
+            };
             for (xv, ov) in x.iter_mut().zip(&o) {
                 *xv += ov;
             }
             kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed);
-            let mut gate = self.project(&layer.gate, &normed, n);
-            let up = self.project(&layer.up, &normed, n);
-            kernels::swiglu(&mut gate, &up);
-            let down = self.project(&layer.down, &gate, n);
+            let down = match self.packed.get(l) {
+                Some(p) => {
+                    let y = q8_project(&p.gate_up, &normed, h, &mut quantized);
+                    let s = p.gate_up.stride();
+                    let mut gate = gather(&y, n, s, p.gate_up.part(0));
+                    let up = gather(&y, n, s, p.gate_up.part(1));
+                    kernels::swiglu(&mut gate, &up);
+                    q8_project(&p.down, &gate, cfg.intermediate_size, &mut quantized)
+                }
+                None => {
+                    let mut gate = self.project(&layer.gate, &normed, n);
+                    let up = self.project(&layer.up, &normed, n);
+                    kernels::swiglu(&mut gate, &up);
+                    self.project(&layer.down, &gate, n)
+                }
+            };
             for (xv, dv) in x.iter_mut().zip(&down) {
                 *xv += dv;
             }
@@ -288,9 +459,41 @@ impl CpuTarget<'_> {
                 sink.push_row(&row);
             }
         }
-        let logits = self.lm_head(&final_hidden, n);
+        let logits = if all_logits {
+            self.head_in_pool(&final_hidden, n)
+        } else {
+            self.head_in_pool(&final_hidden[(n - 1) * h..], 1)
+        };
         self.last_hidden = final_hidden;
         Ok(logits)
+    }
+
+    /// Logits of `n` final-normed rows with the chosen head, inside the pool.
+    fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        match (self.head, self.precision) {
+            (HeadKind::EmbeddingInt8, _) => {
+                let w = self.head_int8.get_or_init(|| {
+                    I8Matrix::from_bf16(self.weights.embed.bytes, v, h)
+                });
+                let x = QuantizedRows::quantize(hidden, n, h);
+                let mut y = vec![0f32; n * v];
+                q8::matmul_i8(w, &x, &mut y, self.kernel);
+                y
+            }
+            (HeadKind::Tiles, Precision::Q8) => {
+                let w = self
+                    .head_tiles_q8
+                    .get_or_init(|| PackedQ4::new(&self.weights.lm_head));
+                let x = QuantizedRows::quantize(hidden, n, h);
+                let mut y = vec![0f32; n * w.stride()];
+                q8::matmul_q4(w, &x, &mut y, self.kernel);
+                gather(&y, n, w.stride(), 0..v)
+            }
+            (head, _) => self
+                .weights
+                .head_logits(&self.config, head, hidden, n, self.kernel),
+        }
     }
 }
 
@@ -305,7 +508,12 @@ impl Forward for CpuTarget<'_> {
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let pool = self.pool.clone();
-        pool.install(|| self.forward_in_pool(tokens))
+        pool.install(|| self.forward_in_pool(tokens, true))
+    }
+
+    fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let pool = self.pool.clone();
+        pool.install(|| self.forward_in_pool(tokens, false))
     }
 
     fn last_hidden(&self) -> &[f32] {
@@ -338,9 +546,6 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.pool.install(|| {
-            self.weights
-                .head_logits(&self.config, self.head, hidden, n, self.kernel)
-        })
+        self.pool.install(|| self.head_in_pool(hidden, n))
     }
 }

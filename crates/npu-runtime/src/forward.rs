@@ -88,6 +88,15 @@ pub trait Forward {
     /// Runs `tokens` at positions `position() ..`, appends them to the cache and
     /// returns logits for every one of them (`tokens.len() × vocab`, row-major).
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// [`Forward::forward`] when only the last token's logits are wanted (a prefill):
+    /// returns `vocab` values (none for no tokens). The cache, taps and hidden rows are
+    /// as after `forward`; backends that can skip the head for the other rows do.
+    fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut logits = self.forward(tokens)?;
+        let vocab = self.config().vocab_size;
+        logits.drain(..logits.len().saturating_sub(vocab));
+        Ok(logits)
+    }
     /// The final-normed hidden rows of the last pass (`n × hidden`).
     fn last_hidden(&self) -> &[f32];
     /// Rolls the KV cache back to `len` positions.

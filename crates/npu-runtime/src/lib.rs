@@ -25,11 +25,11 @@
 mod cpu;
 mod error;
 mod forward;
-pub mod kernels;
+pub use onebit_kernels as kernels;
 mod model;
 pub mod npu;
 
-pub use cpu::{CpuTarget, HeadKind};
+pub use cpu::{CpuTarget, HeadKind, Precision};
 pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
 pub use model::{Family, LayerWeights, TargetConfig, TargetPackage, TargetWeights};

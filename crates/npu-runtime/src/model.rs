@@ -217,7 +217,7 @@ impl TargetWeights<'_> {
         head: crate::cpu::HeadKind,
         hidden: &[f32],
         n: usize,
-        kernel: crate::kernels::Kernel,
+        kernel: crate::kernels::Isa,
     ) -> Vec<f32> {
         let (v, h) = (config.vocab_size, config.hidden_size);
         let mut y = vec![0f32; n * v];
@@ -225,7 +225,7 @@ impl TargetWeights<'_> {
             crate::cpu::HeadKind::Tiles => {
                 crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel)
             }
-            crate::cpu::HeadKind::Embedding => crate::kernels::dense::matmul_bf16(
+            crate::cpu::HeadKind::Embedding | crate::cpu::HeadKind::EmbeddingInt8 => crate::kernels::dense::matmul_bf16(
                 self.embed.bytes,
                 v,
                 h,

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use npu_runtime::kernels::{self, Kernel};
+use npu_runtime::kernels::{self, Isa};
 use npu_runtime::npu::compare::{compare_ops, format_table};
 use npu_runtime::npu::plan::{BufferRole, Elem, WeightSource, PAGE};
 use npu_runtime::npu::{pack, DispatchPlan, NpuTarget, PlanOptions, SimDevice};
@@ -28,7 +28,7 @@ fn sim_target(package: &TargetPackage, max_rows: usize) -> NpuTarget<'_, SimDevi
     let mut options = PlanOptions::for_model(&package.config);
     options.max_rows = max_rows;
     options.context = 64;
-    NpuTarget::new(package, SimDevice::new(Kernel::detect()), options).unwrap()
+    NpuTarget::new(package, SimDevice::new(Isa::detect()), options).unwrap()
 }
 
 #[test]
@@ -197,7 +197,7 @@ fn weight_packing_is_bit_exact() {
 
 #[test]
 fn sim_device_passes_the_op_by_op_comparison_bit_exact() {
-    for kernel in Kernel::available() {
+    for kernel in Isa::available() {
         let mut device = SimDevice::new(kernel);
         let checks = compare_ops(&mut device).unwrap();
         println!(
@@ -343,7 +343,7 @@ fn sim_runs_the_embedding_head_too() {
     if !package.config.tie_word_embeddings {
         let mut options = PlanOptions::for_model(&package.config);
         options.head = HeadKind::Embedding;
-        let refused = NpuTarget::new(&package, SimDevice::new(Kernel::Scalar), options);
+        let refused = NpuTarget::new(&package, SimDevice::new(Isa::scalar()), options);
         assert!(refused
             .err()
             .unwrap()
@@ -356,7 +356,7 @@ fn sim_runs_the_embedding_head_too() {
     let mut options = PlanOptions::for_model(&package.config);
     options.head = HeadKind::Embedding;
     options.context = 16;
-    let mut sim = NpuTarget::new(&package, SimDevice::new(Kernel::detect()), options).unwrap();
+    let mut sim = NpuTarget::new(&package, SimDevice::new(Isa::detect()), options).unwrap();
     assert!(cpu.forward(&[5, 6, 7]).unwrap() == sim.forward(&[5, 6, 7]).unwrap());
 }
 
@@ -412,7 +412,7 @@ fn sim_device_survives_a_refused_op() {
         tokens: 1,
         out: 2,
     };
-    let mut device = SimDevice::new(Kernel::Scalar);
+    let mut device = SimDevice::new(Isa::scalar());
     device
         .allocate(&buffers, std::slice::from_ref(&op))
         .unwrap();
@@ -455,7 +455,7 @@ fn npu_refusals_are_named() {
         elem,
         source,
     };
-    let mut device = SimDevice::new(Kernel::Scalar);
+    let mut device = SimDevice::new(Isa::scalar());
     let buffers = [
         spec("raw", 8, Elem::Bytes, None),
         spec("rows", 16, Elem::F32, None),

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use npu_runtime::kernels::Kernel;
+use npu_runtime::kernels::Isa;
 use npu_runtime::{argmax, CpuTarget, Forward, TapRows, TargetPackage};
 use q4nx_format::Container;
 
@@ -43,7 +43,7 @@ fn check_reference(dir: &str) {
         .map(|&t| t as u32)
         .collect();
     let h = package.config.hidden_size;
-    for kernel in Kernel::available() {
+    for kernel in Isa::available() {
         let mut target = CpuTarget::with_kernel(&package, kernel).unwrap();
         let sink = Arc::new(Mutex::new(TapRows::new(0)));
         target.set_layer_taps(&[0, 1], sink.clone()).unwrap();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use npu_runtime::kernels::Kernel;
+use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
 use npu_runtime::{CpuTarget, Forward, HeadKind, TapSink, TargetConfig, TargetPackage};
 
@@ -22,7 +22,7 @@ pub enum BackendArg {
 /// A target on some backend.
 pub enum Target<'a> {
     Cpu(CpuTarget<'a>),
-    Sim(NpuTarget<'a, SimDevice>, Kernel),
+    Sim(NpuTarget<'a, SimDevice>, Isa),
     #[cfg(feature = "xrt")]
     Npu(NpuTarget<'a, npu_runtime::npu::XrtDevice>),
 }
@@ -38,7 +38,7 @@ impl<'a> Target<'a> {
     pub fn open(
         package: &'a TargetPackage,
         backend: BackendArg,
-        kernel: Kernel,
+        kernel: Isa,
         threads: Option<usize>,
         head: Option<HeadKind>,
         npu: &NpuOptions,
@@ -115,12 +115,12 @@ impl<'a> Target<'a> {
     }
 
     /// The CPU matmul kernel in use (the sim's too).
-    pub fn kernel(&self) -> Kernel {
+    pub fn kernel(&self) -> Isa {
         match self {
             Target::Cpu(t) => t.kernel(),
             Target::Sim(_, k) => *k,
             #[cfg(feature = "xrt")]
-            Target::Npu(_) => Kernel::detect(),
+            Target::Npu(_) => Isa::detect(),
         }
     }
 
@@ -158,6 +158,9 @@ impl Forward for Target<'_> {
     }
     fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
         self.forward_target_mut().forward(tokens)
+    }
+    fn forward_last(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        self.forward_target_mut().forward_last(tokens)
     }
     fn last_hidden(&self) -> &[f32] {
         self.forward_target().last_hidden()

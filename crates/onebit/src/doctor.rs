@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
-use npu_runtime::kernels::Kernel;
+use npu_runtime::kernels::Isa;
 use npu_runtime::npu::compare::{compare_ops, format_table};
 use npu_runtime::npu::presence::probe_this_machine;
 use npu_runtime::npu::{DispatchPlan, KernelManifest, PlanOptions, SimDevice};
@@ -78,7 +78,7 @@ fn plan_for(model: &Path) -> Result<(TargetPackage, DispatchPlan)> {
 
 pub fn run(args: &DoctorArgs) -> Result<()> {
     let presence = probe_this_machine();
-    let kernels: Vec<&str> = Kernel::available().iter().map(|k| k.name()).collect();
+    let kernels: Vec<String> = Isa::available().iter().map(|k| k.name()).collect();
     let xrt = installed_xrt();
     let plan = args.model.as_deref().map(plan_for).transpose()?;
     let manifest = args
@@ -91,7 +91,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         _ => None,
     };
     let comparisons = if args.compare_ops {
-        let mut sim = SimDevice::new(Kernel::detect());
+        let mut sim = SimDevice::new(Isa::detect());
         Some(("sim".to_string(), compare_ops(&mut sim)?))
     } else {
         None
@@ -102,7 +102,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
             "onebit": env!("CARGO_PKG_VERSION"),
             "cpu": {
                 "kernels": kernels,
-                "chosen": Kernel::detect().name(),
+                "chosen": Isa::detect().name(),
                 "threads": rayon::current_num_threads(),
             },
             "xrt": {
@@ -145,7 +145,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     println!(
         "cpu: kernels {} (using {}), {} threads",
         kernels.join(", "),
-        Kernel::detect().name(),
+        Isa::detect().name(),
         rayon::current_num_threads()
     );
     println!(

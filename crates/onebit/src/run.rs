@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use npu_runtime::kernels::Kernel;
+use npu_runtime::kernels::Isa;
 use npu_runtime::{Forward, HeadKind, TargetPackage};
 
 use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
@@ -123,24 +123,28 @@ pub enum KernelArg {
     Auto,
     Scalar,
     Avx2,
+    Avx2vnni,
     Avx512,
     Avx512vbmi,
+    Avx512vnni,
 }
 
 impl KernelArg {
     /// The kernel to run, refused by name when this CPU lacks it.
-    pub fn resolve(self) -> Result<Kernel> {
-        let wanted = match self {
-            KernelArg::Auto => return Ok(Kernel::detect()),
-            KernelArg::Scalar => Kernel::Scalar,
-            KernelArg::Avx2 => Kernel::Avx2,
-            KernelArg::Avx512 => Kernel::Avx512,
-            KernelArg::Avx512vbmi => Kernel::Avx512Vbmi,
+    pub fn resolve(self) -> Result<Isa> {
+        let name = match self {
+            KernelArg::Auto => return Ok(Isa::detect()),
+            KernelArg::Scalar => "scalar",
+            KernelArg::Avx2 => "avx2",
+            KernelArg::Avx2vnni => "avx2+avxvnni",
+            KernelArg::Avx512 => "avx2+avx512",
+            KernelArg::Avx512vbmi => "avx2+avx512+vbmi",
+            KernelArg::Avx512vnni => "avx2+avx512+vnni",
         };
-        if !Kernel::available().contains(&wanted) {
-            bail!("--kernel {}: this CPU does not support it", wanted.name());
-        }
-        Ok(wanted)
+        Isa::available()
+            .into_iter()
+            .find(|isa| isa.name() == name)
+            .with_context(|| format!("--kernel {name}: this CPU does not support it"))
     }
 }
 

@@ -15,7 +15,7 @@ use half::bf16;
 use super::device::Device;
 use super::plan::{BufferRole, BufferSpec, Elem, Geometry, Op, PassArgs};
 use crate::error::Result;
-use crate::kernels::{self, Kernel};
+use crate::kernels::{self, Isa};
 
 /// One row of the comparison table.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,7 +189,7 @@ fn cases() -> Result<Vec<Case>> {
     )?;
     let x = input.floats(n * MM_COLS);
     let mut reference = vec![0f32; n * MM_ROWS];
-    kernels::matmul(&matrix, &x, n, &mut reference, Kernel::Scalar);
+    kernels::matmul(&matrix, &x, n, &mut reference, Isa::scalar());
     let mut packed = tiles.clone();
     packed.resize(super::plan::packed_tile_bytes(MM_ROWS, MM_COLS), 0);
     cases.push(Case {
@@ -213,7 +213,7 @@ fn cases() -> Result<Vec<Case>> {
 
     let x = input.floats(n * h);
     let mut reference = vec![0f32; n * g.vocab];
-    kernels::dense::matmul_bf16(&table, g.vocab, h, &x, n, &mut reference, Kernel::Scalar);
+    kernels::dense::matmul_bf16(&table, g.vocab, h, &x, n, &mut reference, Isa::scalar());
     cases.push(Case {
         op: "matmul_bf16",
         shape: format!("{n} × {h} · ({} × {h} bf16)ᵀ", g.vocab),

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::pack::unpack_tiles;
 use super::plan::{BufferId, BufferSpec, Elem, Geometry, Op, PassArgs};
 use crate::error::{Result, TargetError};
-use crate::kernels::{self, Kernel};
+use crate::kernels::{self, Isa};
 
 /// What the NPU backend needs from a device.
 pub trait Device {
@@ -38,7 +38,7 @@ enum HostBuffer {
 
 /// The simulated device.
 pub struct SimDevice {
-    kernel: Kernel,
+    kernel: Isa,
     buffers: Vec<HostBuffer>,
     names: Vec<String>,
 }
@@ -49,7 +49,7 @@ fn sim_error(message: String) -> TargetError {
 
 impl SimDevice {
     /// A simulated device using `kernel` for its matmuls.
-    pub fn new(kernel: Kernel) -> SimDevice {
+    pub fn new(kernel: Isa) -> SimDevice {
         SimDevice {
             kernel,
             buffers: Vec::new(),

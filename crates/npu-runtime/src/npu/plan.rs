@@ -328,7 +328,7 @@ impl PlanOptions {
     /// Defaults for a model: its head default, 16 rows, its whole context, no taps.
     pub fn for_model(config: &TargetConfig) -> PlanOptions {
         PlanOptions {
-            head: HeadKind::default_for(config),
+            head: HeadKind::default_for(config, crate::Precision::F32),
             max_rows: 16,
             context: config.max_positions,
             taps: Vec::new(),
@@ -688,7 +688,9 @@ impl DispatchPlan {
                     },
                 );
             }
-            HeadKind::Embedding => {
+            // `NpuTarget::new` refuses the int8 head; a plan built for it reads the BF16
+            // embedding it was made from.
+            HeadKind::Embedding | HeadKind::EmbeddingInt8 => {
                 b.step(
                     None,
                     "lm_head (embedding)",

@@ -31,6 +31,13 @@ impl<'a, D: Device> NpuTarget<'a, D> {
     /// weights.
     pub fn new(package: &'a TargetPackage, device: D, options: PlanOptions) -> Result<Self> {
         let config = package.config.clone();
+        if options.head == HeadKind::EmbeddingInt8 {
+            return Err(TargetError::Unsupported(
+                "the NPU plan has no int8 head (the q8 family runs on the CPU backend); \
+                 use the embedding or the tiles"
+                    .into(),
+            ));
+        }
         if options.head == HeadKind::Embedding && !config.tie_word_embeddings {
             return Err(TargetError::Unsupported(
                 "the embedding can only serve as the head of a model with tie_word_embeddings"
@@ -191,7 +198,7 @@ impl<D: Device> Forward for NpuTarget<'_, D> {
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
         // The drafter scores a few rows on the host: same kernels as the device's head.
-        let kernel = crate::kernels::Kernel::detect();
+        let kernel = crate::kernels::Isa::detect();
         self.weights
             .head_logits(&self.config, self.plan.options.head, hidden, n, kernel)
     }

@@ -10,7 +10,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::Kernel;
+use crate::isa::Isa;
 
 const LANES: usize = 16;
 
@@ -47,7 +47,7 @@ pub fn matmul_bf16(
     x: &[f32],
     n: usize,
     y: &mut [f32],
-    kernel: Kernel,
+    isa: Isa,
 ) {
     assert_eq!(k % LANES, 0, "K must be a multiple of 16");
     assert_eq!(w.len(), rows * k * 2);
@@ -61,20 +61,23 @@ pub fn matmul_bf16(
         .for_each(|(b, out)| {
             let first = b * BLOCK;
             let count = BLOCK.min(rows.saturating_sub(first));
-            match kernel {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
-                Kernel::Avx512 | Kernel::Avx512Vbmi => unsafe {
-                    avx512::block(w, first, count, k, x, n, out)
-                },
-                _ => {
-                    for r in 0..count {
-                        let row = first + r;
-                        let wr = &w[row * k * 2..(row + 1) * k * 2];
-                        for i in 0..n {
-                            out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
-                        }
-                    }
+            #[cfg(target_arch = "x86_64")]
+            if isa.avx512() {
+                // SAFETY: the token's avx512 flag is set only by run-time detection.
+                unsafe { avx512::block(w, first, count, k, x, n, out) };
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if isa.avx2() {
+                // SAFETY: the token's avx2 flag (avx2 + fma) is set only by detection.
+                unsafe { avx2::block(w, first, count, k, x, n, out) };
+                return;
+            }
+            for r in 0..count {
+                let row = first + r;
+                let wr = &w[row * k * 2..(row + 1) * k * 2];
+                for i in 0..n {
+                    out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
                 }
             }
         });
@@ -185,7 +188,7 @@ pub fn matmul_bf16_block_columns(
     x: &[f32],
     n: usize,
     y: &mut [f32],
-    kernel: Kernel,
+    isa: Isa,
 ) {
     assert_eq!(rows % 32, 0, "rows must be a multiple of 32");
     assert_eq!(w.len(), rows * k * 2);
@@ -197,32 +200,32 @@ pub fn matmul_bf16_block_columns(
         .enumerate()
         .for_each(|(b, out)| {
             let block = &w[b * k * 64..(b + 1) * k * 64];
-            match kernel {
-                #[cfg(target_arch = "x86_64")]
-                Kernel::Avx512 | Kernel::Avx512Vbmi => {
-                    // Up to 8 inputs per sweep of the block: each column is widened once
-                    // and feeds independent accumulator chains.
-                    let mut i = 0;
-                    while i < n {
-                        // SAFETY: `Kernel::Avx512` is only chosen after run-time detection.
-                        let step = unsafe {
-                            match n - i {
-                                8.. => avx512_block_columns::<8>(block, x, k, i, n, out),
-                                4..=7 => avx512_block_columns::<4>(block, x, k, i, n, out),
-                                2 | 3 => avx512_block_columns::<2>(block, x, k, i, n, out),
-                                _ => avx512_block_columns::<1>(block, x, k, i, n, out),
-                            }
-                        };
-                        i += step;
-                    }
-                }
-                _ => {
-                    for i in 0..n {
-                        let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
-                        for (r, &a) in acc.iter().enumerate() {
-                            out[r * n + i] = a;
+            #[cfg(target_arch = "x86_64")]
+            if isa.avx2() {
+                // Up to 8 inputs per sweep of the block: each column is widened once
+                // and feeds independent accumulator chains.
+                let mut i = 0;
+                while i < n {
+                    // SAFETY: the token's avx512 / avx2 flags are set only by detection.
+                    let step = unsafe {
+                        match (isa.avx512(), n - i) {
+                            (true, 8..) => avx512_block_columns::<8>(block, x, k, i, n, out),
+                            (true, 4..=7) => avx512_block_columns::<4>(block, x, k, i, n, out),
+                            (true, 2 | 3) => avx512_block_columns::<2>(block, x, k, i, n, out),
+                            (true, _) => avx512_block_columns::<1>(block, x, k, i, n, out),
+                            (false, 4..) => avx2_block_columns::<4>(block, x, k, i, n, out),
+                            (false, 2 | 3) => avx2_block_columns::<2>(block, x, k, i, n, out),
+                            (false, _) => avx2_block_columns::<1>(block, x, k, i, n, out),
                         }
-                    }
+                    };
+                    i += step;
+                }
+                return;
+            }
+            for i in 0..n {
+                let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
+                for (r, &a) in acc.iter().enumerate() {
+                    out[r * n + i] = a;
                 }
             }
         });
@@ -286,4 +289,124 @@ unsafe fn avx512_block_columns<const R: usize>(
         }
     }
     R
+}
+
+/// [`avx512_block_columns`] on AVX2: the 32 rows of a column as four 8-lane vectors,
+/// the same fused multiply-adds in the same order per row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_block_columns<const R: usize>(
+    block: &[u8],
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    n: usize,
+    out: &mut [f32],
+) -> usize {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    for c in 0..k {
+        let p = block.as_ptr().add(c * 64);
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (q, wq) in w.iter_mut().enumerate() {
+            *wq = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16 * q) as *const __m128i)),
+                16,
+            ));
+        }
+        for (ii, a) in acc.iter_mut().enumerate() {
+            let xb = _mm256_set1_ps(*x.get_unchecked((i0 + ii) * k + c));
+            for q in 0..4 {
+                a[q] = _mm256_fmadd_ps(w[q], xb, a[q]);
+            }
+        }
+    }
+    let mut lanes = [0f32; 32];
+    for (ii, a) in acc.iter().enumerate() {
+        for (q, v) in a.iter().enumerate() {
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * q), *v);
+        }
+        for (r, &v) in lanes.iter().enumerate() {
+            out[r * n + i0 + ii] = v;
+        }
+    }
+    R
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{reduce_lanes, LANES};
+
+    /// `out[r * n + i]` for `count` rows from `first` and all `n` inputs: the sixteen
+    /// lane sums of [`super::reference_dot`] as two 8-lane vectors (lanes 0..8 and
+    /// 8..16), each lane adding its columns in order, then the same reduction tree.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block(
+        w: &[u8],
+        first: usize,
+        count: usize,
+        k: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        for r in 0..count {
+            let mut i = 0;
+            while i < n {
+                let step = match n - i {
+                    4.. => {
+                        tile::<4>(w, first + r, k, x, i, &mut out[r * n..]);
+                        4
+                    }
+                    2 | 3 => {
+                        tile::<2>(w, first + r, k, x, i, &mut out[r * n..]);
+                        2
+                    }
+                    _ => {
+                        tile::<1>(w, first + r, k, x, i, &mut out[r * n..]);
+                        1
+                    }
+                };
+                i += step;
+            }
+        }
+    }
+
+    /// One row times inputs `i0 .. i0 + R`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize>(
+        w: &[u8],
+        row: usize,
+        k: usize,
+        x: &[f32],
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for c in (0..k).step_by(LANES) {
+            let p = w.as_ptr().add(2 * (row * k + c));
+            let w0 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+                16,
+            ));
+            let w1 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16) as *const __m128i)),
+                16,
+            ));
+            for (ii, a) in acc.iter_mut().enumerate() {
+                let xp = x.as_ptr().add((i0 + ii) * k + c);
+                a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), a[0]);
+                a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), a[1]);
+            }
+        }
+        let mut lanes = [0f32; LANES];
+        for (ii, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
+            out[i0 + ii] = reduce_lanes(lanes);
+        }
+    }
 }

@@ -1,9 +1,5 @@
-//! CPU kernels. Each one is deterministic per output element: the same inputs give the
-//! same bits whatever the batch size, which the batch-invariance tests rely on.
-
-pub mod matmul;
-
-pub use matmul::{matmul, Kernel};
+//! Element-wise kernels and attention: RMSNorm, rope, SwiGLU, the fixed-order `dot`, and
+//! softmax attention. Each is deterministic per output element.
 
 /// `out = x / sqrt(mean(x²) + eps) * gain`, one row at a time, sums in index order.
 pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
@@ -203,7 +199,6 @@ pub fn attend_portable(
     attend_body(query, keys, values, len, scale, scores, out)
 }
 
-pub mod dense;
 
 /// Per-head RMSNorm (when `norm` is given) then rope, for rows of `heads` heads at
 /// positions `p0..`; `cos`/`sin` are tables indexed `[position][head_dim / 2]`.

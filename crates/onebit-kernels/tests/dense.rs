@@ -1,8 +1,8 @@
 //! The BF16 head kernel: SIMD equals scalar bit for bit, any batch size.
 
 use half::bf16;
-use npu_runtime::kernels::dense::{matmul_bf16, reference_dot};
-use npu_runtime::kernels::Kernel;
+use onebit_kernels::dense::{matmul_bf16, reference_dot};
+use onebit_kernels::Isa;
 
 #[test]
 fn bf16_kernels_agree_and_are_batch_invariant() {
@@ -20,7 +20,7 @@ fn check_bf16_kernels(rows: usize, k: usize, n: usize) {
     let x: Vec<f32> = (0..n * k)
         .map(|i| ((i * 13 % 17) as f32 - 8.0) / 7.0)
         .collect();
-    for kernel in Kernel::available() {
+    for kernel in Isa::available() {
         let mut y = vec![0f32; n * rows];
         matmul_bf16(&w, rows, k, &x, n, &mut y, kernel);
         for i in 0..n {
@@ -48,7 +48,7 @@ fn block_column_kernels_agree_and_are_batch_invariant() {
 }
 
 fn check_block_columns(rows: usize, k: usize, n: usize) {
-    use npu_runtime::kernels::dense::matmul_bf16_block_columns;
+    use onebit_kernels::dense::matmul_bf16_block_columns;
     let w: Vec<u8> = (0..rows * k)
         .flat_map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 32.0).to_le_bytes())
         .collect();
@@ -56,7 +56,7 @@ fn check_block_columns(rows: usize, k: usize, n: usize) {
         .map(|i| ((i * 11 % 23) as f32 - 11.0) / 9.0)
         .collect();
     let mut want = vec![0f32; n * rows];
-    matmul_bf16_block_columns(&w, rows, k, &x, n, &mut want, Kernel::Scalar);
+    matmul_bf16_block_columns(&w, rows, k, &x, n, &mut want, Isa::scalar());
     // The stored order: element [b][c][r] is W[b*32 + r][c].
     for i in 0..n {
         for r in 0..rows {
@@ -74,7 +74,7 @@ fn check_block_columns(rows: usize, k: usize, n: usize) {
             assert!((want[i * rows + r] as f64 - exact).abs() < 1e-4);
         }
     }
-    for kernel in Kernel::available() {
+    for kernel in Isa::available() {
         let mut y = vec![0f32; n * rows];
         matmul_bf16_block_columns(&w, rows, k, &x, n, &mut y, kernel);
         assert!(

@@ -19,64 +19,52 @@ use q4nx_format::{
 };
 use rayon::prelude::*;
 
-/// Which implementation runs the matmul.
+use crate::isa::Isa;
+
+/// The variants of this family; [`variant`] picks one from an [`Isa`] token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
+enum Variant {
     /// Portable scalar code (`f32::mul_add`); the definition of the arithmetic.
     Scalar,
+    /// x86-64 AVX2 + FMA, 8 rows per vector.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     /// x86-64 AVX-512F, 16 rows per vector.
+    #[cfg(target_arch = "x86_64")]
     Avx512,
     /// AVX-512F with VBMI: the q4 codes widened by byte and table permutes (fewer
-    /// instructions per weight); the same bits as [`Kernel::Avx512`].
+    /// instructions per weight); the same bits as `Avx512`.
+    #[cfg(target_arch = "x86_64")]
     Avx512Vbmi,
-    /// x86-64 AVX2 + FMA, 8 rows per vector.
-    Avx2,
 }
 
-impl Kernel {
-    /// The fastest kernel this CPU supports (checked at run time).
-    pub fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                if std::is_x86_feature_detected!("avx512vbmi") {
-                    return Kernel::Avx512Vbmi;
-                }
-                return Kernel::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Kernel::Avx2;
-            }
+fn variant(isa: Isa) -> Variant {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx512_vbmi() {
+            return Variant::Avx512Vbmi;
         }
-        Kernel::Scalar
-    }
-
-    /// A short name for reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Scalar => "scalar",
-            Kernel::Avx512 => "avx512",
-            Kernel::Avx512Vbmi => "avx512vbmi",
-            Kernel::Avx2 => "avx2",
+        if isa.avx512() {
+            return Variant::Avx512;
+        }
+        if isa.avx2() {
+            return Variant::Avx2;
         }
     }
+    let _ = isa;
+    Variant::Scalar
+}
 
-    /// Every kernel this CPU can run, the scalar one first (tests compare them all).
-    pub fn available() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Scalar];
+/// The name of the variant [`matmul`] runs under `isa` (for reports).
+pub fn variant_name(isa: Isa) -> &'static str {
+    match variant(isa) {
+        Variant::Scalar => "scalar",
         #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                all.push(Kernel::Avx2);
-            }
-            if std::is_x86_feature_detected!("avx512f") {
-                all.push(Kernel::Avx512);
-                if std::is_x86_feature_detected!("avx512vbmi") {
-                    all.push(Kernel::Avx512Vbmi);
-                }
-            }
-        }
-        all
+        Variant::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Variant::Avx512 => "avx512",
+        #[cfg(target_arch = "x86_64")]
+        Variant::Avx512Vbmi => "avx512vbmi",
     }
 }
 
@@ -142,7 +130,7 @@ pub fn reference_dot(w: &Q4Matrix, row: usize, x: &[f32]) -> f32 {
 ///
 /// # Panics
 /// If K is not a multiple of 32 or the slices do not match `n`, N and K.
-pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], kernel: Kernel) {
+pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
     let (rows, k) = (w.rows(), w.cols());
     assert_eq!(k % GROUP_COLS, 0, "K must be a multiple of 32");
     assert_eq!(x.len(), n * k);
@@ -155,29 +143,25 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], kernel: Kernel) 
     // Row-block-major scratch: block b holds [32 rows][n inputs], so tasks own disjoint chunks.
     let mut scratch = vec![0f32; blocks * TILE_ROWS * n];
     let kernel = if w.kind() == Q4Kind::Q4_0 {
-        Kernel::Scalar
+        Variant::Scalar
     } else {
-        kernel
+        variant(isa)
     };
     scratch
         .par_chunks_mut(TILE_ROWS * n)
         .enumerate()
         .for_each(|(rb, out)| match kernel {
-            Kernel::Scalar => block_scalar(w, rb, x, n, &sums, out),
+            Variant::Scalar => block_scalar(w, rb, x, n, &sums, out),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::Avx512` is only chosen after run-time detection of avx512f.
-            Kernel::Avx512 => unsafe { avx512::block(w, rb, x, n, &sums, out) },
+            // SAFETY: the variant comes from an `Isa` token, which only detection of
+            // avx512f (and avx512vbmi for the VBMI variant) can set.
+            Variant::Avx512 => unsafe { avx512::block(w, rb, x, n, &sums, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::Avx512Vbmi` is only chosen after detection of avx512f and
-            // avx512vbmi.
-            Kernel::Avx512Vbmi => unsafe { avx512::block_vbmi(w, rb, x, n, &sums, out) },
+            // SAFETY: as above.
+            Variant::Avx512Vbmi => unsafe { avx512::block_vbmi(w, rb, x, n, &sums, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::Avx2` is only chosen after run-time detection of avx2 and fma.
-            Kernel::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx512 | Kernel::Avx512Vbmi | Kernel::Avx2 => {
-                block_scalar(w, rb, x, n, &sums, out)
-            }
+            // SAFETY: as above, avx2 and fma detected.
+            Variant::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
         });
     for rb in 0..blocks {
         for r in 0..TILE_ROWS {

@@ -1,7 +1,8 @@
 //! The matmul kernels: every kernel equals the defining arithmetic bit for bit, for
 //! any batch size (batch invariance), on grids with K and N padding.
 
-use npu_runtime::kernels::matmul::{matmul, reference_dot, Kernel};
+use onebit_kernels::matmul::{matmul, reference_dot};
+use onebit_kernels::Isa;
 use proptest::prelude::*;
 use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
 
@@ -19,8 +20,8 @@ fn weights(n: usize, k: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn kernels() -> Vec<Kernel> {
-    let k = Kernel::available();
+fn kernels() -> Vec<Isa> {
+    let k = Isa::available();
     if k.len() == 1 {
         eprintln!("skipped: SIMD kernel comparisons: this CPU has neither avx2+fma nor avx512f");
     }
@@ -71,7 +72,7 @@ fn decoded_product_is_close_to_a_dense_f64_product() {
     let dense = w.decode();
     let x = weights(2, k, 10);
     let mut y = vec![0f32; 2 * n];
-    matmul(&w, &x, 2, &mut y, Kernel::detect());
+    matmul(&w, &x, 2, &mut y, Isa::detect());
     for i in 0..2 {
         for r in 0..n {
             let exact: f64 = (0..k)
@@ -94,7 +95,7 @@ fn q4_0_tiles_multiply_with_signed_codes() {
     let dense = w.decode();
     let x = weights(1, k, 6);
     let mut y = vec![0f32; n];
-    matmul(&w, &x, 1, &mut y, Kernel::detect());
+    matmul(&w, &x, 1, &mut y, Isa::detect());
     for r in 0..n {
         let exact: f64 = (0..k).map(|c| dense[r * k + c] as f64 * x[c] as f64).sum();
         assert!((y[r] as f64 - exact).abs() < 1e-4);
@@ -120,8 +121,8 @@ proptest! {
         let n = values.len() / 2;
         let (a, b) = values.split_at(n);
         let b = &b[..n];
-        let fast = npu_runtime::kernels::dot(a, b);
-        let portable = npu_runtime::kernels::dot_portable(a, b);
+        let fast = onebit_kernels::dot(a, b);
+        let portable = onebit_kernels::dot_portable(a, b);
         prop_assert_eq!(fast.to_bits(), portable.to_bits());
         let exact: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
         let magnitude: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
@@ -149,8 +150,8 @@ proptest! {
         let values: Vec<f32> = (0..len * dim).map(|_| next()).collect();
         let (mut a, mut b) = (vec![0f32; dim], vec![0f32; dim]);
         let mut scores = Vec::new();
-        npu_runtime::kernels::attend(&query, &keys, &values, len, 0.125, &mut scores, &mut a);
-        npu_runtime::kernels::attend_portable(&query, &keys, &values, len, 0.125, &mut scores, &mut b);
+        onebit_kernels::attend(&query, &keys, &values, len, 0.125, &mut scores, &mut a);
+        onebit_kernels::attend_portable(&query, &keys, &values, len, 0.125, &mut scores, &mut b);
         prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }

@@ -1,0 +1,28 @@
+//! onebit's CPU arithmetic, organised by family: each family is a contract about bits,
+//! defined by a scalar reference, with x86 variants that must equal it bit for bit.
+//!
+//! | family | module | reference | variants |
+//! |---|---|---|---|
+//! | q4 tiles × f32 activations | [`matmul`] | [`matmul::reference_dot`] | scalar, AVX2, AVX-512, AVX-512 VBMI |
+//! | q4 × int8 activations, int8 head | [`q8`] | [`q8::reference`] | scalar, AVX2, AVX-VNNI, AVX-512 VNNI |
+//! | dense BF16 × f32 (tied head, DFlash fusion) | [`dense`] | [`dense::reference_dot`] | scalar, AVX2, AVX-512 |
+//! | element-wise, `dot`, attention | [`elementwise`] | the portable functions | hardware or software FMA |
+//!
+//! Every kernel computes each output element by one fixed sequence of operations that
+//! does not depend on the other rows of the batch. That is **batch invariance**: a
+//! verify pass over n rows gives each row the bits a single-row pass gives it, which is
+//! what lets speculative decoding produce exactly the text of plain decoding.
+//!
+//! Variants are chosen by an [`Isa`] token, which only run-time CPU detection can build
+//! (its fields are private), so no safe call can run an instruction the CPU lacks.
+//! Parallel loops run on the caller's rayon pool.
+
+pub mod dense;
+pub mod elementwise;
+pub mod isa;
+pub mod matmul;
+pub mod q8;
+
+pub use elementwise::*;
+pub use isa::Isa;
+pub use matmul::matmul;

@@ -1,0 +1,483 @@
+//! The integer-activation family (`q8`): activations quantized to int8 per row and per
+//! 32-column group, multiplied with 4-bit weight codes (or int8 head weights) in exact
+//! integer arithmetic, then scaled by one fixed sequence of f32 operations.
+//!
+//! The bits are defined by [`reference`]: for output row `r` and input row `i`,
+//! ```text
+//! y = 0
+//! for each 32-column group g, in column order:
+//!     isum  = Σ_c code[r][c] · qx[i][c]            (exact, i32)
+//!     scale = d[r][g] · dx[i][g]                   (f32 multiply)
+//!     y     = y + fma(m[r][g], sx[i][g], scale · isum)   (q4 weights)
+//!     y     = fma(scale, isum, y)                        (int8 head weights)
+//! ```
+//! The integer sum is exact, so the order in which a SIMD variant adds its products does
+//! not matter; every variant then performs exactly the float sequence above per element,
+//! which makes every variant equal the reference bit for bit. Quantization is per input
+//! row ([`QuantizedRows`]), so a row's result does not depend on the other rows of the
+//! batch: batched verify passes equal single-row passes, and speculative text equals
+//! plain text.
+//!
+//! Weights are repacked once at load ([`PackedQ4`], [`I8Matrix`]) into the order the
+//! integer dot-product instructions want (four consecutive columns of one row in a
+//! 32-bit lane); the packed q4 copy has the same size as the tiles.
+
+pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use half::bf16;
+use q4nx_format::{Q4Kind, Q4Matrix, GROUP_COLS, TILE_ROWS};
+use rayon::prelude::*;
+
+use crate::isa::Isa;
+
+/// Columns per quantization group (activations and weights alike).
+pub const GROUP: usize = GROUP_COLS;
+/// Rows per packed q4 block.
+pub const BLOCK_ROWS: usize = TILE_ROWS;
+/// Bytes of one packed q4 block-group: 32 rows × 32 codes as nibbles, 32 bf16 scales,
+/// 32 bf16 mins.
+pub const Q4_GROUP_BYTES: usize = 512 + 64 + 64;
+/// Rows per packed int8 block.
+pub const I8_BLOCK_ROWS: usize = 16;
+/// Bytes of one packed int8 block-group: 16 rows × 32 codes, 16 f32 scales.
+pub const I8_GROUP_BYTES: usize = 512 + 64;
+
+/// `round(v)` with ties to even, by one fixed f32 sequence (`|v| < 2^22`).
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
+    (v + MAGIC) - MAGIC
+}
+
+/// Quantizes one group: `d = max|v| / 127`, `q = round(v · 127 / max|v|)` (ties to
+/// even), clamped to ±127. Returns `d` and writes the codes.
+#[inline]
+pub fn quantize_group(values: &[f32], codes: &mut [i8]) -> f32 {
+    let mut amax = 0f32;
+    for &v in values {
+        amax = amax.max(v.abs());
+    }
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in codes.iter_mut().zip(values) {
+        // NaN or infinite input saturates through `as`; nothing here can panic.
+        *q = round_even(v * inverse).clamp(-127.0, 127.0) as i8;
+    }
+    amax / 127.0
+}
+
+/// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
+/// the scale `dx`, the float sum of the group's inputs `sx` (for the q4 mins) and the
+/// sum of its codes (for the int8 head's unsigned-operand correction).
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedRows {
+    rows: usize,
+    k: usize,
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<f32>,
+    code_sums: Vec<i32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `rows` rows of `k` values (`k` a multiple of 32).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
+    pub fn quantize(x: &[f32], rows: usize, k: usize) -> QuantizedRows {
+        let mut q = QuantizedRows::default();
+        q.quantize_from(x, rows, k);
+        q
+    }
+
+    /// [`QuantizedRows::quantize`] into this value's buffers (no allocation once grown).
+    pub fn quantize_from(&mut self, x: &[f32], rows: usize, k: usize) {
+        assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
+        assert_eq!(x.len(), rows * k, "q8: input is not rows × K");
+        let groups = k / GROUP;
+        self.rows = rows;
+        self.k = k;
+        self.codes.resize(rows * k, 0);
+        self.scales.resize(rows * groups, 0.0);
+        self.sums.resize(rows * groups, 0.0);
+        self.code_sums.resize(rows * groups, 0);
+        for (g, (values, codes)) in x
+            .chunks_exact(GROUP)
+            .zip(self.codes.chunks_exact_mut(GROUP))
+            .enumerate()
+        {
+            self.scales[g] = quantize_group(values, codes);
+            let mut s = 0f32;
+            for &v in values {
+                s += v;
+            }
+            self.sums[g] = s;
+            self.code_sums[g] = codes.iter().map(|&c| c as i32).sum();
+        }
+    }
+
+    /// Input rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns per row.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+    /// Codes of row `i`.
+    pub fn codes(&self, i: usize) -> &[i8] {
+        &self.codes[i * self.k..(i + 1) * self.k]
+    }
+    /// Scale `dx` of row `i`, group `g`.
+    pub fn scale(&self, i: usize, g: usize) -> f32 {
+        self.scales[i * (self.k / GROUP) + g]
+    }
+    /// Float sum of row `i`'s inputs in group `g`, in column order.
+    pub fn sum(&self, i: usize, g: usize) -> f32 {
+        self.sums[i * (self.k / GROUP) + g]
+    }
+    /// Sum of row `i`'s codes in group `g`.
+    pub fn code_sum(&self, i: usize, g: usize) -> i32 {
+        self.code_sums[i * (self.k / GROUP) + g]
+    }
+}
+
+/// q4 weights repacked for integer dot products, optionally several matrices of the same
+/// K stacked into one (q, k and v; gate and up), so one parallel region computes them all.
+///
+/// Block `b` (32 rows), group `g` (32 columns) is [`Q4_GROUP_BYTES`] bytes at
+/// `(b · groups + g) · Q4_GROUP_BYTES`: for half `h` (rows 16h..16h+16) and quad `q`,
+/// 64 bytes at `(4h + q) · 64` hold, for lane `j` (row 16h + j), bytes `4j + t` =
+/// `code(col 8q + t) | code(col 8q + 4 + t) << 4`; then 32 bf16 scales `d`, then 32 bf16
+/// mins `m`. A q4_0 source is stored as unsigned codes `c ^ 8` with `m = -8d` (the same
+/// values). Rows past a part's end are zero codes with zero scale and min.
+#[derive(Clone, Debug)]
+pub struct PackedQ4 {
+    k: usize,
+    blocks: usize,
+    /// `(rows, first block)` of each stacked matrix.
+    parts: Vec<(usize, usize)>,
+    data: Vec<u8>,
+}
+
+impl PackedQ4 {
+    /// Repacks one matrix.
+    pub fn new(w: &Q4Matrix) -> PackedQ4 {
+        Self::stack(&[w])
+    }
+
+    /// Repacks matrices of the same K into one, each starting on a 32-row block.
+    ///
+    /// # Panics
+    /// If the matrices' K differ, K is not a multiple of 32, or the list is empty.
+    pub fn stack(parts: &[&Q4Matrix]) -> PackedQ4 {
+        assert!(!parts.is_empty(), "q8: nothing to pack");
+        let k = parts[0].cols();
+        assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
+        let groups = k / GROUP;
+        let mut layout = Vec::new();
+        let mut blocks = 0;
+        for w in parts {
+            assert_eq!(w.cols(), k, "q8: stacked matrices must share K");
+            layout.push((w.rows(), blocks));
+            blocks += w.rows().div_ceil(BLOCK_ROWS);
+        }
+        let mut data = vec![0u8; blocks * groups * Q4_GROUP_BYTES];
+        data.par_chunks_mut(groups * Q4_GROUP_BYTES)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let (part, &(rows, first)) = layout
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .find(|(_, &(_, first))| first <= b)
+                    .expect("block belongs to a part");
+                let w = parts[part];
+                let rb = b - first;
+                for (g, dst) in out.chunks_exact_mut(Q4_GROUP_BYTES).enumerate() {
+                    pack_q4_group(w, rows, rb, g, dst);
+                }
+            });
+        PackedQ4 {
+            k,
+            blocks,
+            parts: layout,
+            data,
+        }
+    }
+
+    /// Columns (K).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+    /// Output values per input row: 32 per block (parts padded to whole blocks).
+    pub fn stride(&self) -> usize {
+        self.blocks * BLOCK_ROWS
+    }
+    /// Where part `p`'s rows start in an output row, and how many there are.
+    pub fn part(&self, p: usize) -> std::ops::Range<usize> {
+        let (rows, first) = self.parts[p];
+        first * BLOCK_ROWS..first * BLOCK_ROWS + rows
+    }
+    /// Bytes of packed weights (what one pass streams).
+    pub fn byte_len(&self) -> usize {
+        self.data.len()
+    }
+    pub(crate) fn group_bytes(&self, block: usize, g: usize) -> &[u8] {
+        let at = (block * (self.k / GROUP) + g) * Q4_GROUP_BYTES;
+        &self.data[at..at + Q4_GROUP_BYTES]
+    }
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+fn pack_q4_group(w: &Q4Matrix, rows: usize, rb: usize, g: usize, dst: &mut [u8]) {
+    let tile = w.tile(rb, g * GROUP / q4nx_format::TILE_COLS);
+    let gi = (g * GROUP % q4nx_format::TILE_COLS) / GROUP;
+    let nib = |r: usize, c: usize| -> u8 {
+        let col = gi * GROUP + c;
+        let byte = tile[q4nx_format::NIBBLE_OFFSET
+            + (r / 16) * (q4nx_format::TILE_COLS * 8)
+            + col * 8
+            + (r % 16) / 2];
+        let v = if r % 2 == 1 { byte >> 4 } else { byte & 0x0f };
+        match w.kind() {
+            Q4Kind::Q4_1 => v,
+            Q4Kind::Q4_0 => v ^ 8,
+        }
+    };
+    for r in 0..BLOCK_ROWS {
+        if rb * BLOCK_ROWS + r >= rows {
+            break; // padding rows stay zero: zero codes, zero scale, zero min
+        }
+        let (h, j) = (r / 16, r % 16);
+        for q in 0..4 {
+            for t in 0..4 {
+                let lo = nib(r, 8 * q + t);
+                let hi = nib(r, 8 * q + 4 + t);
+                dst[(4 * h + q) * 64 + 4 * j + t] = lo | (hi << 4);
+            }
+        }
+        let s = gi * TILE_ROWS + r;
+        let d = [tile[2 * s], tile[2 * s + 1]];
+        let m = match w.kind() {
+            Q4Kind::Q4_1 => [
+                tile[q4nx_format::MIN_OFFSET + 2 * s],
+                tile[q4nx_format::MIN_OFFSET + 2 * s + 1],
+            ],
+            // -8·d is exact in bf16 (an exponent shift and a sign).
+            Q4Kind::Q4_0 => bf16::from_f32(-8.0 * bf16::from_le_bytes(d).to_f32()).to_le_bytes(),
+        };
+        dst[512 + 2 * r..512 + 2 * r + 2].copy_from_slice(&d);
+        dst[576 + 2 * r..576 + 2 * r + 2].copy_from_slice(&m);
+    }
+}
+
+/// A dense matrix quantized to int8 per row and 32-column group (the tied head's
+/// embedding), packed in 16-row blocks: block `b`, group `g` is [`I8_GROUP_BYTES`]
+/// bytes: for quad `q` (columns 4q..4q+4), 64 bytes with lane `j` (row 16b + j) at
+/// `4j..4j+4`; then 16 f32 scales.
+#[derive(Clone, Debug)]
+pub struct I8Matrix {
+    rows: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl I8Matrix {
+    /// Quantizes a row-major BF16 matrix (`rows × k` little-endian values).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `w` is not `rows × k` BF16 values.
+    pub fn from_bf16(w: &[u8], rows: usize, k: usize) -> I8Matrix {
+        assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
+        assert_eq!(w.len(), rows * k * 2, "q8: BF16 matrix is not rows × K");
+        let groups = k / GROUP;
+        let blocks = rows.div_ceil(I8_BLOCK_ROWS);
+        let mut data = vec![0u8; blocks * groups * I8_GROUP_BYTES];
+        data.par_chunks_mut(groups * I8_GROUP_BYTES)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let mut values = [0f32; GROUP];
+                let mut codes = [0i8; GROUP];
+                for j in 0..I8_BLOCK_ROWS {
+                    let row = b * I8_BLOCK_ROWS + j;
+                    if row >= rows {
+                        break;
+                    }
+                    for (g, dst) in out.chunks_exact_mut(I8_GROUP_BYTES).enumerate() {
+                        for (c, v) in values.iter_mut().enumerate() {
+                            let at = 2 * (row * k + g * GROUP + c);
+                            *v = bf16::from_le_bytes([w[at], w[at + 1]]).to_f32();
+                        }
+                        let d = quantize_group(&values, &mut codes);
+                        for q in 0..GROUP / 4 {
+                            for t in 0..4 {
+                                dst[q * 64 + 4 * j + t] = codes[4 * q + t] as u8;
+                            }
+                        }
+                        dst[512 + 4 * j..512 + 4 * j + 4].copy_from_slice(&d.to_le_bytes());
+                    }
+                }
+            });
+        I8Matrix { rows, k, data }
+    }
+
+    /// Rows (outputs per input row).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+    /// Bytes of packed weights.
+    pub fn byte_len(&self) -> usize {
+        self.data.len()
+    }
+    pub(crate) fn group_bytes(&self, block: usize, g: usize) -> &[u8] {
+        let at = (block * (self.k / GROUP) + g) * I8_GROUP_BYTES;
+        &self.data[at..at + I8_GROUP_BYTES]
+    }
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// The variants of this family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+fn variant(isa: Isa) -> Variant {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx512_vnni() {
+            return Variant::Avx512Vnni;
+        }
+        if isa.avx_vnni() {
+            return Variant::AvxVnni;
+        }
+        if isa.avx2() {
+            return Variant::Avx2;
+        }
+    }
+    let _ = isa;
+    Variant::Scalar
+}
+
+/// The name of the variant this family runs under `isa` (for reports).
+pub fn variant_name(isa: Isa) -> &'static str {
+    match variant(isa) {
+        Variant::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        Variant::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Variant::AvxVnni => "avxvnni",
+        #[cfg(target_arch = "x86_64")]
+        Variant::Avx512Vnni => "avx512vnni",
+    }
+}
+
+/// `y[i · stride + r] = Σ_c W[r][c] · x[i][c]` by the family's arithmetic, for every
+/// stacked row `r` (padding rows included; see [`PackedQ4::part`]).
+///
+/// # Panics
+/// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.stride()`.
+pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
+    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
+    let n = x.rows();
+    let stride = w.stride();
+    assert_eq!(y.len(), n * stride, "q8: output is not rows × stride");
+    if n == 0 {
+        return;
+    }
+    let kernel = variant(isa);
+    let mut scratch = vec![0f32; stride * n];
+    scratch
+        .par_chunks_mut(BLOCK_ROWS * n)
+        .enumerate()
+        .for_each(|(b, out)| match kernel {
+            Variant::Scalar => reference::block_q4(w, b, x, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the variant comes from an `Isa` token, set only by detection.
+            Variant::Avx2 => unsafe { x86::block_q4_avx2(w, b, x, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (avx2, fma, avxvnni detected).
+            Variant::AvxVnni => unsafe { x86::block_q4_avxvnni(w, b, x, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (avx512f, bw, vl, vnni detected).
+            Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
+        });
+    transpose_into(&scratch, n, stride, y);
+}
+
+/// `y[i · rows + r] = Σ_c W[r][c] · x[i][c]` for the int8 matrix, by the family's
+/// arithmetic.
+///
+/// # Panics
+/// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.rows()`.
+pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
+    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
+    let n = x.rows();
+    let rows = w.rows();
+    assert_eq!(y.len(), n * rows, "q8: output is not rows × N");
+    if n == 0 {
+        return;
+    }
+    let kernel = variant(isa);
+    /// Blocks per task: enough work to amortise the task, many tasks to balance.
+    const TASK_BLOCKS: usize = 8;
+    let blocks = rows.div_ceil(I8_BLOCK_ROWS);
+    let mut scratch = vec![0f32; blocks * I8_BLOCK_ROWS * n];
+    scratch
+        .par_chunks_mut(TASK_BLOCKS * I8_BLOCK_ROWS * n)
+        .enumerate()
+        .for_each(|(t, out)| {
+            for (j, out) in out.chunks_exact_mut(I8_BLOCK_ROWS * n).enumerate() {
+                let b = t * TASK_BLOCKS + j;
+                match kernel {
+                    Variant::Scalar => reference::block_i8(w, b, x, out),
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the variant comes from an `Isa` token, set only by detection.
+                    Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, out) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, out) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
+                }
+            }
+        });
+    let padded = blocks * I8_BLOCK_ROWS;
+    for r in 0..rows {
+        for i in 0..n {
+            y[i * rows + r] = scratch[r * n + i];
+        }
+    }
+    debug_assert!(padded >= rows);
+}
+
+/// `scratch[r · n + i]` → `y[i · stride + r]`.
+fn transpose_into(scratch: &[f32], n: usize, stride: usize, y: &mut [f32]) {
+    for r in 0..stride {
+        for i in 0..n {
+            y[i * stride + r] = scratch[r * n + i];
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn bf16_at(bytes: &[u8], at: usize) -> f32 {
+    bf16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}

@@ -1,0 +1,76 @@
+//! The scalar definition of the `q8` family's bits: one output element at a time, by
+//! the sequence of operations in the family's documentation. Every SIMD variant is
+//! tested equal to these functions.
+
+use super::{bf16_at, I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
+
+/// The 4-bit code of stacked row `r` of block `b`, column `c` of group `g`.
+fn q4_code(w: &PackedQ4, b: usize, r: usize, g: usize, c: usize) -> i32 {
+    let bytes = w.group_bytes(b, g);
+    let (h, j) = (r / 16, r % 16);
+    let (q, t, high) = (c / 8, c % 4, c % 8 >= 4);
+    let byte = bytes[(4 * h + q) * 64 + 4 * j + t];
+    (if high { byte >> 4 } else { byte & 0x0f }) as i32
+}
+
+/// Output of stacked row `r` (block `r / 32`) for input row `i`.
+pub fn dot_q4(w: &PackedQ4, r: usize, x: &QuantizedRows, i: usize) -> f32 {
+    let (b, rr) = (r / BLOCK_ROWS, r % BLOCK_ROWS);
+    let codes = x.codes(i);
+    let mut y = 0f32;
+    for g in 0..w.cols() / GROUP {
+        let mut isum = 0i32;
+        for c in 0..GROUP {
+            isum += q4_code(w, b, rr, g, c) * codes[g * GROUP + c] as i32;
+        }
+        let bytes = w.group_bytes(b, g);
+        let d = bf16_at(bytes, 512 + 2 * rr);
+        let m = bf16_at(bytes, 576 + 2 * rr);
+        let scale = d * x.scale(i, g);
+        y += m.mul_add(x.sum(i, g), scale * isum as f32);
+    }
+    y
+}
+
+/// Output of row `r` of the int8 matrix for input row `i`.
+pub fn dot_i8(w: &I8Matrix, r: usize, x: &QuantizedRows, i: usize) -> f32 {
+    let (b, j) = (r / I8_BLOCK_ROWS, r % I8_BLOCK_ROWS);
+    let codes = x.codes(i);
+    let mut y = 0f32;
+    for g in 0..w.cols() / GROUP {
+        let bytes = w.group_bytes(b, g);
+        let mut isum = 0i32;
+        for c in 0..GROUP {
+            let wq = bytes[(c / 4) * 64 + 4 * j + c % 4] as i8;
+            isum += wq as i32 * codes[g * GROUP + c] as i32;
+        }
+        let dw = f32::from_le_bytes(bytes[512 + 4 * j..512 + 4 * j + 4].try_into().unwrap());
+        let scale = dw * x.scale(i, g);
+        y = scale.mul_add(isum as f32, y);
+    }
+    y
+}
+
+/// One 32-row block for every input row, `out[r · n + i]`.
+pub(super) fn block_q4(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+    let n = x.rows();
+    for r in 0..BLOCK_ROWS {
+        for i in 0..n {
+            out[r * n + i] = dot_q4(w, b * BLOCK_ROWS + r, x, i);
+        }
+    }
+}
+
+/// One 16-row block for every input row, `out[r · n + i]` (rows past the end stay 0).
+pub(super) fn block_i8(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+    let n = x.rows();
+    for j in 0..I8_BLOCK_ROWS {
+        let r = b * I8_BLOCK_ROWS + j;
+        if r >= w.rows() {
+            break;
+        }
+        for i in 0..n {
+            out[j * n + i] = dot_i8(w, r, x, i);
+        }
+    }
+}

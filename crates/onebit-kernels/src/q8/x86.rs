@@ -1,0 +1,374 @@
+//! x86-64 variants of the `q8` family. Each computes the exact integer sums of
+//! [`super::reference`] (in whatever order the instructions add) and then the same f32
+//! operations per element, so each equals the reference bit for bit.
+//!
+//! - AVX2: `vpmaddubsw` (u8 code × s8 input → i16 pairs) then `vpmaddwd` by ones. For q4
+//!   codes the i16 partial sums of a whole group stay below 2·15·127·8 = 30480 < 2^15, so
+//!   one `vpmaddwd` per group suffices. For int8 head weights the sign trick keeps the
+//!   u8 operand ≤ 127 (|w| · sign(x, w)), pairs ≤ 32258.
+//! - AVX-VNNI / AVX-512 VNNI: `vpdpbusd` (u8 × s8, four products into i32). Int8 head
+//!   weights are made unsigned by `w ^ 0x80` (= w + 128) and the surplus `128 · Σx` is
+//!   subtracted from the exact sum.
+
+use std::arch::x86_64::*;
+
+use super::{I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
+use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
+
+/// Input rows per sweep of a weight block.
+const MAX_R: usize = 4;
+
+#[inline(always)]
+unsafe fn quad(x: &QuantizedRows, i: usize, at: usize) -> i32 {
+    (x.codes(i).as_ptr().add(at) as *const i32).read_unaligned()
+}
+
+macro_rules! sweep_inputs {
+    ($kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+        let n = $x.rows();
+        let mut i0 = 0;
+        while i0 < n {
+            match n - i0 {
+                1 => $kernel::<1>($w, $b, $x, i0, $out),
+                2 => $kernel::<2>($w, $b, $x, i0, $out),
+                3 => $kernel::<3>($w, $b, $x, i0, $out),
+                _ => $kernel::<MAX_R>($w, $b, $x, i0, $out),
+            }
+            i0 += MAX_R;
+        }
+    }};
+}
+
+// ---------------------------------------------------------------- AVX-512 VNNI
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn bf16x16(p: *const u8) -> __m512 {
+    let h = _mm256_loadu_si256(p as *const __m256i);
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn block_q4_avx512vnni(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+    sweep_inputs!(q4_512, w, b, x, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_512<const R: usize>(
+    w: &PackedQ4,
+    b: usize,
+    x: &QuantizedRows,
+    i0: usize,
+    out: &mut [f32],
+) {
+    let n = x.rows();
+    let groups = w.cols() / GROUP;
+    let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
+    let mask = _mm512_set1_epi8(0x0f);
+    let mut y = [[_mm512_setzero_ps(); 2]; R];
+    for g in 0..groups {
+        let p = base.add(g * Q4_GROUP_BYTES);
+        for line in 0..Q4_GROUP_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * Q4_GROUP_BYTES + 64 * line) as *const i8);
+        }
+        for h in 0..2 {
+            let mut lo = [_mm512_setzero_si512(); R];
+            let mut hi = [_mm512_setzero_si512(); R];
+            for q in 0..4 {
+                let c = _mm512_loadu_si512(p.add((4 * h + q) * 64) as *const _);
+                let wl = _mm512_and_si512(c, mask);
+                let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+                for r in 0..R {
+                    let at = g * GROUP + 8 * q;
+                    let bl = _mm512_set1_epi32(quad(x, i0 + r, at));
+                    let bh = _mm512_set1_epi32(quad(x, i0 + r, at + 4));
+                    lo[r] = _mm512_dpbusd_epi32(lo[r], wl, bl);
+                    hi[r] = _mm512_dpbusd_epi32(hi[r], wh, bh);
+                }
+            }
+            let d = bf16x16(p.add(512 + 32 * h));
+            let m = bf16x16(p.add(576 + 32 * h));
+            for r in 0..R {
+                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r]));
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(i0 + r, g)));
+                let sx = _mm512_set1_ps(x.sum(i0 + r, g));
+                let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum));
+                y[r][h] = _mm512_add_ps(y[r][h], t);
+            }
+        }
+    }
+    let mut lanes = [0f32; 16];
+    for (r, yr) in y.iter().enumerate() {
+        for (h, v) in yr.iter().enumerate() {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
+            for (l, &value) in lanes.iter().enumerate() {
+                out[(16 * h + l) * n + i0 + r] = value;
+            }
+        }
+    }
+    debug_assert_eq!(BLOCK_ROWS, 32);
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn block_i8_avx512vnni(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+    sweep_inputs!(i8_512, w, b, x, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn i8_512<const R: usize>(
+    w: &I8Matrix,
+    b: usize,
+    x: &QuantizedRows,
+    i0: usize,
+    out: &mut [f32],
+) {
+    let n = x.rows();
+    let groups = w.cols() / GROUP;
+    let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
+    let flip = _mm512_set1_epi8(-128);
+    let mut y = [_mm512_setzero_ps(); R];
+    for g in 0..groups {
+        let p = base.add(g * I8_GROUP_BYTES);
+        for line in 0..I8_GROUP_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * I8_GROUP_BYTES + 64 * line) as *const i8);
+        }
+        let mut even = [_mm512_setzero_si512(); R];
+        let mut odd = [_mm512_setzero_si512(); R];
+        for q in (0..GROUP / 4).step_by(2) {
+            let w0 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64) as *const _), flip);
+            let w1 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64 + 64) as *const _), flip);
+            for r in 0..R {
+                let at = g * GROUP + 4 * q;
+                even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(quad(x, i0 + r, at)));
+                odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(quad(x, i0 + r, at + 4)));
+            }
+        }
+        let dw = _mm512_loadu_ps(p.add(512) as *const f32);
+        for r in 0..R {
+            let surplus = _mm512_set1_epi32(128 * x.code_sum(i0 + r, g));
+            let isum = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.scale(i0 + r, g)));
+            y[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), y[r]);
+        }
+    }
+    store_i8(w, b, &y_lanes512(&y), n, i0, out);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn y_lanes512<const R: usize>(y: &[__m512; R]) -> [[f32; 16]; R] {
+    let mut lanes = [[0f32; 16]; R];
+    for (dst, v) in lanes.iter_mut().zip(y) {
+        _mm512_storeu_ps(dst.as_mut_ptr(), *v);
+    }
+    lanes
+}
+
+/// Writes 16 rows × R inputs of an int8 block, skipping rows past the matrix's end.
+#[inline(always)]
+fn store_i8<const R: usize>(
+    w: &I8Matrix,
+    b: usize,
+    lanes: &[[f32; 16]; R],
+    n: usize,
+    i0: usize,
+    out: &mut [f32],
+) {
+    let valid = w.rows().saturating_sub(b * I8_BLOCK_ROWS).min(I8_BLOCK_ROWS);
+    for (r, row) in lanes.iter().enumerate() {
+        for (j, &value) in row.iter().enumerate().take(valid) {
+            out[j * n + i0 + r] = value;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- AVX2 and AVX-VNNI
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bf16x8(p: *const u8) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// The q4 kernel over 8-row vectors; `$dot` adds one quad's products of the low and
+/// high nibbles into the accumulators (AVX2: i16 lanes, AVX-VNNI: i32 lanes) and
+/// `$finish` turns an accumulator into i32 sums.
+macro_rules! q4_256 {
+    ($name:ident, $block:ident, $features:literal, $zero:expr, $dot:ident, $finish:ident) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $block(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+            sweep_inputs!($name, w, b, x, out)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(
+            w: &PackedQ4,
+            b: usize,
+            x: &QuantizedRows,
+            i0: usize,
+            out: &mut [f32],
+        ) {
+            let n = x.rows();
+            let groups = w.cols() / GROUP;
+            let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
+            let mask = _mm256_set1_epi8(0x0f);
+            let mut y = [[_mm256_setzero_ps(); 4]; R];
+            for g in 0..groups {
+                let p = base.add(g * Q4_GROUP_BYTES);
+                for line in 0..Q4_GROUP_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * Q4_GROUP_BYTES + 64 * line) as *const i8);
+                }
+                for v in 0..4 {
+                    let mut acc = [$zero; R];
+                    for q in 0..4 {
+                        let c = _mm256_loadu_si256(
+                            p.add((4 * (v / 2) + q) * 64 + 32 * (v % 2)) as *const __m256i,
+                        );
+                        let wl = _mm256_and_si256(c, mask);
+                        let wh = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+                        for r in 0..R {
+                            let at = g * GROUP + 8 * q;
+                            let bl = _mm256_set1_epi32(quad(x, i0 + r, at));
+                            let bh = _mm256_set1_epi32(quad(x, i0 + r, at + 4));
+                            acc[r] = $dot(acc[r], wl, bl, wh, bh);
+                        }
+                    }
+                    let d = bf16x8(p.add(512 + 16 * v));
+                    let m = bf16x8(p.add(576 + 16 * v));
+                    for r in 0..R {
+                        let isum = _mm256_cvtepi32_ps($finish(acc[r]));
+                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(x.scale(i0 + r, g)));
+                        let sx = _mm256_set1_ps(x.sum(i0 + r, g));
+                        let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum));
+                        y[r][v] = _mm256_add_ps(y[r][v], t);
+                    }
+                }
+            }
+            let mut lanes = [0f32; 8];
+            for (r, yr) in y.iter().enumerate() {
+                for (v, vec) in yr.iter().enumerate() {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *vec);
+                    for (l, &value) in lanes.iter().enumerate() {
+                        out[(8 * v + l) * n + i0 + r] = value;
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// i16 lanes: `maddubs(lo) + maddubs(hi)` (≤ 7620 per quad, ≤ 30480 per group).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_q4_avx2(acc: __m256i, wl: __m256i, bl: __m256i, wh: __m256i, bh: __m256i) -> __m256i {
+    let both = _mm256_add_epi16(_mm256_maddubs_epi16(wl, bl), _mm256_maddubs_epi16(wh, bh));
+    _mm256_add_epi16(acc, both)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish_avx2(acc: __m256i) -> __m256i {
+    _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn dot_q4_vnni(acc: __m256i, wl: __m256i, bl: __m256i, wh: __m256i, bh: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, wl, bl), wh, bh)
+}
+
+#[inline(always)]
+unsafe fn finish_vnni(acc: __m256i) -> __m256i {
+    acc
+}
+
+q4_256!(q4_avx2, block_q4_avx2, "avx2,fma", _mm256_setzero_si256(), dot_q4_avx2, finish_avx2);
+q4_256!(
+    q4_avxvnni,
+    block_q4_avxvnni,
+    "avx2,fma,avxvnni",
+    _mm256_setzero_si256(),
+    dot_q4_vnni,
+    finish_vnni
+);
+
+/// The int8 kernel over two 8-row vectors; `$dot` adds one quad's four products per
+/// lane into an i32 accumulator; `$surplus` is whether the unsigned-operand surplus
+/// `128 · Σx` must be taken off.
+macro_rules! i8_256 {
+    ($name:ident, $block:ident, $features:literal, $dot:ident, $surplus:expr) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $block(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+            sweep_inputs!($name, w, b, x, out)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(
+            w: &I8Matrix,
+            b: usize,
+            x: &QuantizedRows,
+            i0: usize,
+            out: &mut [f32],
+        ) {
+            let n = x.rows();
+            let groups = w.cols() / GROUP;
+            let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
+            let mut y = [[_mm256_setzero_ps(); 2]; R];
+            for g in 0..groups {
+                let p = base.add(g * I8_GROUP_BYTES);
+                for line in 0..I8_GROUP_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * I8_GROUP_BYTES + 64 * line) as *const i8);
+                }
+                for v in 0..2 {
+                    let mut acc = [_mm256_setzero_si256(); R];
+                    for q in 0..GROUP / 4 {
+                        let c = _mm256_loadu_si256(p.add(q * 64 + 32 * v) as *const __m256i);
+                        for r in 0..R {
+                            let bx = _mm256_set1_epi32(quad(x, i0 + r, g * GROUP + 4 * q));
+                            acc[r] = $dot(acc[r], c, bx);
+                        }
+                    }
+                    let dw = _mm256_loadu_ps(p.add(512 + 32 * v) as *const f32);
+                    for r in 0..R {
+                        let mut isum = acc[r];
+                        if $surplus {
+                            let s = _mm256_set1_epi32(128 * x.code_sum(i0 + r, g));
+                            isum = _mm256_sub_epi32(isum, s);
+                        }
+                        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(x.scale(i0 + r, g)));
+                        y[r][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), y[r][v]);
+                    }
+                }
+            }
+            let mut lanes = [[0f32; 16]; R];
+            for (dst, yr) in lanes.iter_mut().zip(&y) {
+                _mm256_storeu_ps(dst.as_mut_ptr(), yr[0]);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(8), yr[1]);
+            }
+            store_i8(w, b, &lanes, n, i0, out);
+        }
+    };
+}
+
+/// `Σ |w| · sign(x, w)` by pairs, then pairs to i32: exactly `Σ w · x` per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_i8_avx2(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// `Σ (w + 128) · x` per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn dot_i8_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), x)
+}
+
+i8_256!(i8_avx2, block_i8_avx2, "avx2,fma", dot_i8_avx2, false);
+i8_256!(i8_avxvnni, block_i8_avxvnni, "avx2,fma,avxvnni", dot_i8_vnni, true);

@@ -1,0 +1,245 @@
+//! The `q8` family: every variant this CPU has equals the scalar reference bit for bit
+//! (shapes with K not a multiple of 256, N not a multiple of 32, 1–16 rows); a batched
+//! call equals single-row calls; the reference itself equals an independent float64
+//! evaluation of the same quantized operands; stacking matrices changes nothing.
+
+use half::bf16;
+use onebit_kernels::q8::{self, reference, I8Matrix, PackedQ4, QuantizedRows};
+use onebit_kernels::Isa;
+use proptest::prelude::*;
+use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
+
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+fn isas() -> Vec<Isa> {
+    let all = Isa::available();
+    eprintln!(
+        "q8 variants compared: {}",
+        all.iter()
+            .map(|i| format!("{} ({})", i.name(), q8::variant_name(*i)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    all
+}
+
+/// Every variant equals the reference per element, and batch rows equal single rows.
+fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind) {
+    let tiles = encode_q4_1(&values(n_out * k, seed, 0.2), n_out, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, kind).unwrap();
+    let packed = PackedQ4::new(&w);
+    let x = values(rows * k, seed + 1, 2.0);
+    let xq = QuantizedRows::quantize(&x, rows, k);
+    let stride = packed.stride();
+    let want: Vec<f32> = (0..rows)
+        .flat_map(|i| (0..stride).map(move |r| (i, r)))
+        .map(|(i, r)| reference::dot_q4(&packed, r, &xq, i))
+        .collect();
+    for isa in isas() {
+        let mut y = vec![0f32; rows * stride];
+        q8::matmul_q4(&packed, &xq, &mut y, isa);
+        for (at, (&got, &exp)) in y.iter().zip(&want).enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                exp.to_bits(),
+                "{} ({}): row {} out {} of {n_out}x{k}, {rows} rows: {got} vs reference {exp}",
+                isa.name(),
+                q8::variant_name(isa),
+                at / stride,
+                at % stride
+            );
+        }
+        for i in 0..rows {
+            let single = QuantizedRows::quantize(&x[i * k..(i + 1) * k], 1, k);
+            let mut one = vec![0f32; stride];
+            q8::matmul_q4(&packed, &single, &mut one, isa);
+            assert_eq!(one, y[i * stride..(i + 1) * stride], "batch invariance, row {i}");
+        }
+    }
+}
+
+fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64) {
+    let dense = values(n_out * k, seed, 0.3);
+    let bytes: Vec<u8> = dense
+        .iter()
+        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+        .collect();
+    let w = I8Matrix::from_bf16(&bytes, n_out, k);
+    let x = values(rows * k, seed + 7, 2.0);
+    let xq = QuantizedRows::quantize(&x, rows, k);
+    let want: Vec<f32> = (0..rows)
+        .flat_map(|i| (0..n_out).map(move |r| (i, r)))
+        .map(|(i, r)| reference::dot_i8(&w, r, &xq, i))
+        .collect();
+    for isa in isas() {
+        let mut y = vec![0f32; rows * n_out];
+        q8::matmul_i8(&w, &xq, &mut y, isa);
+        for (at, (&got, &exp)) in y.iter().zip(&want).enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                exp.to_bits(),
+                "{}: int8 row {} out {} of {n_out}x{k}: {got} vs reference {exp}",
+                isa.name(),
+                at / n_out,
+                at % n_out
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn q4_variants_equal_the_reference(
+        blocks in 1usize..4, tail in 0usize..32, groups in 1usize..20, rows in 1usize..17,
+        seed in 0u64..1000, q4_0 in any::<bool>(),
+    ) {
+        let n_out = (blocks - 1) * 32 + tail.max(1);
+        let kind = if q4_0 { Q4Kind::Q4_0 } else { Q4Kind::Q4_1 };
+        check_q4(n_out, groups * 32, rows, seed, kind);
+    }
+
+    #[test]
+    fn int8_variants_equal_the_reference(
+        n_out in 1usize..70, groups in 1usize..12, rows in 1usize..17, seed in 0u64..1000,
+    ) {
+        check_i8(n_out, groups * 32, rows, seed);
+    }
+}
+
+#[test]
+fn smollm2_shapes() {
+    check_q4(576, 576, 8, 1, Q4Kind::Q4_1);
+    check_q4(576, 1536, 3, 2, Q4Kind::Q4_1);
+    check_i8(100, 576, 9, 3);
+}
+
+/// The reference against an independent float64 evaluation of the same operands:
+/// dequantized weights (`Q4Matrix::decode`, the format crate's decoder) times the
+/// dequantized inputs (`code · dx`; the mins times the float group sums). The only
+/// difference is f32 rounding of a few dozen terms: bound 1e-5 of the row's magnitude.
+#[test]
+fn reference_matches_float64_on_quantized_operands() {
+    let (n_out, k, rows) = (70, 320, 3);
+    for kind in [Q4Kind::Q4_1, Q4Kind::Q4_0] {
+        let tiles = encode_q4_1(&values(n_out * k, 11, 0.2), n_out, k).unwrap();
+        let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, kind).unwrap();
+        let dense = w.decode();
+        let packed = PackedQ4::new(&w);
+        let x = values(rows * k, 12, 2.0);
+        let xq = QuantizedRows::quantize(&x, rows, k);
+        for i in 0..rows {
+            for r in 0..n_out {
+                let mut exact = 0f64;
+                let mut magnitude = 0f64;
+                for g in 0..k / 32 {
+                    // w = d·code + m: Σ w·x̂ with x̂ = code_x·dx for the d·code part and
+                    // the float sum for the m part is what the family computes.
+                    for c in 0..32 {
+                        let col = g * 32 + c;
+                        let wv = dense[r * k + col] as f64;
+                        let xv = xq.codes(i)[col] as f64 * xq.scale(i, g) as f64;
+                        exact += wv * xv;
+                        magnitude += (wv * xv).abs();
+                    }
+                    // Correct the m part from the quantized inputs to the float sum.
+                    let m = w_min(&w, r, g) as f64;
+                    let qsum: f64 = (0..32)
+                        .map(|c| xq.codes(i)[g * 32 + c] as f64 * xq.scale(i, g) as f64)
+                        .sum();
+                    exact += m * (xq.sum(i, g) as f64 - qsum);
+                }
+                let got = reference::dot_q4(&packed, r, &xq, i) as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-5 * magnitude.max(1e-3),
+                    "{kind:?} row {r} input {i}: {got} vs {exact} (magnitude {magnitude})"
+                );
+            }
+        }
+    }
+}
+
+/// The min of row `r`, group `g`, read from the tile bytes (q4_0: `-8d`).
+fn w_min(w: &Q4Matrix, r: usize, g: usize) -> f32 {
+    let tile = w.tile(r / 32, g * 32 / 256);
+    let s = (g % 8) * 32 + r % 32;
+    let at = |o: usize| bf16::from_le_bytes([tile[o], tile[o + 1]]).to_f32();
+    match w.kind() {
+        Q4Kind::Q4_1 => at(q4nx_format::MIN_OFFSET + 2 * s),
+        Q4Kind::Q4_0 => -8.0 * at(2 * s),
+    }
+}
+
+/// Quantization is per row: codes within ±127, the group's largest magnitude maps to
+/// ±127, zero groups stay zero with scale 0, and non-finite inputs neither panic nor
+/// produce out-of-range codes.
+#[test]
+fn quantization_per_group() {
+    let mut x = values(96, 5, 3.0);
+    x[40] = 10.0;
+    x[64..96].fill(0.0);
+    let q = QuantizedRows::quantize(&x, 1, 96);
+    assert_eq!(q.codes(0)[40], 127);
+    assert_eq!(q.scale(0, 1), 10.0 / 127.0);
+    assert_eq!(q.scale(0, 2), 0.0);
+    assert!(q.codes(0)[64..].iter().all(|&c| c == 0));
+    for (c, &v) in q.codes(0)[..32].iter().zip(&x[..32]) {
+        let back = *c as f32 * q.scale(0, 0);
+        assert!((back - v).abs() <= q.scale(0, 0) * 0.5 + 1e-6, "{v} -> {c}");
+    }
+    let odd = [f32::NAN, f32::INFINITY, -1.0, 2.0]
+        .iter()
+        .cycle()
+        .take(32)
+        .copied()
+        .collect::<Vec<_>>();
+    let q = QuantizedRows::quantize(&odd, 1, 32);
+    assert!(q.codes(0).iter().all(|&c| (-127..=127).contains(&c)));
+}
+
+/// Stacked matrices give each part exactly what it gives alone.
+#[test]
+fn stacking_changes_nothing() {
+    let k = 576;
+    let parts: Vec<Vec<u8>> = [(64, 1), (40, 2), (96, 3)]
+        .iter()
+        .map(|&(n, s)| encode_q4_1(&values(n * k, s, 0.2), n, k).unwrap())
+        .collect();
+    let rows = [64, 40, 96];
+    let mats: Vec<Q4Matrix> = parts
+        .iter()
+        .zip(rows)
+        .map(|(t, n)| Q4Matrix::from_bytes("w", t, n, k, Q4Kind::Q4_1).unwrap())
+        .collect();
+    let stacked = PackedQ4::stack(&[&mats[0], &mats[1], &mats[2]]);
+    let x = values(3 * k, 9, 1.0);
+    let xq = QuantizedRows::quantize(&x, 3, k);
+    let mut y = vec![0f32; 3 * stacked.stride()];
+    q8::matmul_q4(&stacked, &xq, &mut y, Isa::detect());
+    for (p, m) in mats.iter().enumerate() {
+        let alone = PackedQ4::new(m);
+        let mut ya = vec![0f32; 3 * alone.stride()];
+        q8::matmul_q4(&alone, &xq, &mut ya, Isa::detect());
+        let range = stacked.part(p);
+        assert_eq!(range.len(), m.rows());
+        for i in 0..3 {
+            assert_eq!(
+                &y[i * stacked.stride() + range.start..i * stacked.stride() + range.end],
+                &ya[i * alone.stride()..i * alone.stride() + m.rows()],
+                "part {p} input {i}"
+            );
+        }
+    }
+}
