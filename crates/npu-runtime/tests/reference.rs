@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use npu_runtime::kernels::Isa;
-use npu_runtime::{argmax, CpuTarget, Forward, TapRows, TargetPackage};
+use npu_runtime::{argmax, CpuTarget, Forward, Precision, TapRows, TargetPackage};
 use q4nx_format::Container;
 
 const TOLERANCE: f32 = 1e-3;
@@ -105,12 +105,22 @@ fn lcg(state: &mut u64) -> u64 {
 /// truncate rolls back exactly (re-running after a rollback repeats the same bits).
 #[test]
 fn batches_equal_single_steps_bit_for_bit() {
+    for precision in [Precision::F32, Precision::Q8] {
+        batch_invariance_at(precision);
+    }
+}
+
+fn target(package: &TargetPackage, precision: Precision) -> CpuTarget<'_> {
+    CpuTarget::with_precision(package, Isa::detect(), None, precision).unwrap()
+}
+
+fn batch_invariance_at(precision: Precision) {
     for dir in ["tiny-llama", "tiny-qwen3"] {
         let package = TargetPackage::open(fixture(dir)).unwrap();
         let mut rng = 7u64;
         let tokens: Vec<u32> = (0..40).map(|_| (lcg(&mut rng) % 512) as u32).collect();
         let run = |splits: &[usize]| -> (Vec<f32>, TapRows) {
-            let mut t = CpuTarget::new(&package).unwrap();
+            let mut t = target(&package, precision);
             let sink = Arc::new(Mutex::new(TapRows::new(0)));
             t.set_layer_taps(&[1, 0], sink.clone()).unwrap();
             let mut logits = Vec::new();
@@ -134,17 +144,17 @@ fn batches_equal_single_steps_bit_for_bit() {
             let batched = run(&splits);
             assert!(
                 batched.0 == singles.0,
-                "{dir}: logits differ for splits {splits:?} (trial {trial})"
+                "{dir} {precision:?}: logits differ for splits {splits:?} (trial {trial})"
             );
             assert!(
                 batched.1 == singles.1,
-                "{dir}: tap rows differ for splits {splits:?}"
+                "{dir} {precision:?}: tap rows differ for splits {splits:?}"
             );
         }
 
         // Rollback: run 30, truncate to 20, run 10 different tokens, truncate to 20 and
         // replay the original 10: bits equal the uninterrupted run.
-        let mut t = CpuTarget::new(&package).unwrap();
+        let mut t = target(&package, precision);
         let full = t.forward(&tokens[..30]).unwrap();
         t.truncate(20).unwrap();
         assert_eq!(t.position(), 20);
@@ -153,8 +163,13 @@ fn batches_equal_single_steps_bit_for_bit() {
         let replay = t.forward(&tokens[20..30]).unwrap();
         assert!(
             replay == full[20 * 512..],
-            "{dir}: replay after truncate differs"
+            "{dir} {precision:?}: replay after truncate differs"
         );
+        // A prefill's last-row logits are the last row of the full pass.
+        let mut t = target(&package, precision);
+        let last = t.forward_last(&tokens[..30]).unwrap();
+        assert!(last == full[29 * 512..], "{dir} {precision:?}: forward_last differs");
+        assert_eq!(t.position(), 30);
         assert!(t.truncate(31).is_err());
     }
 }
@@ -177,4 +192,62 @@ fn bad_inputs_are_refused_by_name() {
         t.truncate(3).unwrap_err().to_string(),
         "target: cannot truncate to 3 positions: only 2 are cached"
     );
+}
+
+/// At q8 every variant this CPU has gives the whole forward the scalar reference's bits.
+#[test]
+fn q8_forward_is_the_same_on_every_isa() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let tokens: Vec<u32> = (0..24).map(|i| (i * 37 % 512) as u32).collect();
+        let run = |isa: Isa| {
+            let mut t = CpuTarget::with_precision(&package, isa, None, Precision::Q8).unwrap();
+            t.forward(&tokens).unwrap()
+        };
+        let reference = run(Isa::scalar());
+        for isa in Isa::available() {
+            assert!(run(isa) == reference, "{dir}: q8 forward on {} differs", isa.name());
+        }
+    }
+}
+
+/// q8 against transformers' float32 reference on the tiny fixtures. int8 activations
+/// round each input by up to half a step (1/254 of its group's largest magnitude); on
+/// these random-weight models that compounds to a max |diff| of the logits of 0.61
+/// (tiny-llama, max |logit| 16.1) and 0.41 (tiny-qwen3, 12.7), measured. The bound,
+/// 1.0, is ~1.6x the worst; greedy steps are checked where the reference's margin
+/// exceeds twice it. Quality on real text is measured by `onebit perplexity` (README).
+#[test]
+fn q8_stays_close_to_transformers() {
+    const Q8_TOLERANCE: f32 = 1.0;
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let reference = Container::open(fixture(dir).join("reference.safetensors")).unwrap();
+        let get = |name: &str| reference.tensor(name).unwrap().to_f32().unwrap();
+        let tokens: Vec<u32> = reference
+            .tensor("tokens")
+            .unwrap()
+            .to_i64()
+            .unwrap()
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        let mut t = target(&package, Precision::Q8);
+        let logits = t.forward(&tokens).unwrap();
+        let d = max_diff(&logits, &get("logits"));
+        let scale = get("logits").iter().fold(0f32, |a, v| a.max(v.abs()));
+        let mut f = target(&package, Precision::F32);
+        let d32 = max_diff(&f.forward(&tokens).unwrap(), &logits);
+        eprintln!("{dir} q8: max |diff| logits {d:.2e} (vs our f32 {d32:.2e}; max |logit| {scale:.2})");
+        assert!(d < Q8_TOLERANCE, "{dir}: q8 logits differ by {d}");
+        let greedy = reference.tensor("greedy").unwrap().to_i64().unwrap();
+        let margins = get("greedy_margin");
+        let mut next = argmax(&logits[11 * 512..]) as u32;
+        for (step, (&want, &margin)) in greedy.iter().zip(&margins).enumerate() {
+            if margin > 2.0 * Q8_TOLERANCE {
+                assert_eq!(next as i64, want, "{dir}: q8 greedy step {step} (margin {margin})");
+            }
+            next = argmax(&t.forward(&[want as u32]).unwrap()) as u32;
+        }
+    }
 }

@@ -243,3 +243,35 @@ fn stacking_changes_nothing() {
         }
     }
 }
+
+/// The family against the f32 family on the same weights: int8 activations round each
+/// input by at most half a step (max|x_group| / 254), so each output's error is at
+/// most Σ_c |w_c| · step / 2. Checked per element against that bound (computed here
+/// from the decoded weights, independently of the kernel).
+#[test]
+fn q8_error_against_f32_is_within_the_rounding_bound() {
+    let (n_out, k, rows) = (96, 576, 4);
+    let tiles = encode_q4_1(&values(n_out * k, 21, 0.2), n_out, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, Q4Kind::Q4_1).unwrap();
+    let dense = w.decode();
+    let x = values(rows * k, 22, 2.0);
+    let mut exact = vec![0f32; rows * n_out];
+    onebit_kernels::matmul(&w, &x, rows, &mut exact, Isa::scalar());
+    let xq = QuantizedRows::quantize(&x, rows, k);
+    let packed = PackedQ4::new(&w);
+    let mut y = vec![0f32; rows * packed.stride()];
+    q8::matmul_q4(&packed, &xq, &mut y, Isa::detect());
+    let mut worst = 0f32;
+    for i in 0..rows {
+        for r in 0..n_out {
+            let mut bound = 0f32;
+            for c in 0..k {
+                bound += dense[r * k + c].abs() * xq.scale(i, c / 32) * 0.5;
+            }
+            let err = (y[i * packed.stride() + r] - exact[i * n_out + r]).abs();
+            worst = worst.max(err / bound);
+            assert!(err <= bound * 1.01 + 1e-5, "row {r} input {i}: error {err} > bound {bound}");
+        }
+    }
+    eprintln!("worst error / rounding bound: {worst:.3}");
+}

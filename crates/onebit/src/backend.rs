@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
-use npu_runtime::{CpuTarget, Forward, HeadKind, TapSink, TargetConfig, TargetPackage};
+use npu_runtime::{CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig, TargetPackage};
 
 /// `--backend` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -17,6 +17,17 @@ pub enum BackendArg {
     Sim,
     /// The NPU through XRT, with the kernels of --kernels (needs the `xrt` build).
     Npu,
+}
+
+impl BackendArg {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendArg::Cpu => "cpu",
+            BackendArg::Sim => "sim",
+            BackendArg::Npu => "npu",
+        }
+    }
 }
 
 /// A target on some backend.
@@ -39,17 +50,25 @@ impl<'a> Target<'a> {
         package: &'a TargetPackage,
         backend: BackendArg,
         kernel: Isa,
+        precision: Precision,
         threads: Option<usize>,
         head: Option<HeadKind>,
         npu: &NpuOptions,
     ) -> Result<Target<'a>> {
+        if backend != BackendArg::Cpu && precision != Precision::F32 {
+            bail!(
+                "--precision {}: the {} backend runs the f32 family only",
+                precision.name(),
+                backend.name()
+            );
+        }
         let mut options = PlanOptions::for_model(&package.config);
         if let Some(h) = head {
             options.head = h;
         }
         match backend {
             BackendArg::Cpu => {
-                let mut target = CpuTarget::with_options(package, kernel, threads)?;
+                let mut target = CpuTarget::with_precision(package, kernel, threads, precision)?;
                 if let Some(h) = head {
                     target.set_head(h)?;
                 }
@@ -111,6 +130,14 @@ impl<'a> Target<'a> {
         match self {
             Target::Cpu(t) => t.threads(),
             _ => rayon::current_num_threads(),
+        }
+    }
+
+    /// The activation precision of the projections.
+    pub fn precision(&self) -> Precision {
+        match self {
+            Target::Cpu(t) => t.precision(),
+            _ => Precision::F32,
         }
     }
 

@@ -87,7 +87,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for _ in 0..2 {
         target.truncate(0)?;
         let start = Instant::now();
-        target.forward(&prompt)?;
+        target.forward_last(&prompt)?;
         prefill = prefill.min(start.elapsed().as_secs_f64());
     }
 
@@ -130,7 +130,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 "threads": threads,
                 "backend": target.backend(),
                 "kernel": target.kernel().name(),
-                "head": format!("{:?}", target.head()).to_lowercase(),
+                "precision": target.precision().name(),
+                "head": target.head().name(),
                 "read_bandwidth_gb_s": bandwidth,
                 "weight_bytes_per_token": bytes,
                 "prefill_tokens": args.prefill_tokens,
@@ -143,12 +144,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{}: {} backend, {} threads, {} kernel, {:?} head",
+            "{}: {} backend, {} threads, {} kernel, {} precision, {} head",
             args.target.model.display(),
             target.backend(),
             threads,
             target.kernel().name(),
-            target.head()
+            target.precision().name(),
+            target.head().name()
         );
         println!("machine read bandwidth: {bandwidth:.1} GB/s ({threads} threads)");
         println!(

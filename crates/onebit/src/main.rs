@@ -14,6 +14,7 @@ mod convert;
 mod convert_draft;
 mod doctor;
 mod inspect;
+mod perplexity;
 mod run;
 mod text;
 
@@ -37,6 +38,9 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prefill and decode speed, n-row pass costs and memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Perplexity of a text; with --compare-precision, KL divergence and top-1
+    /// agreement between two precisions.
+    Perplexity(perplexity::PerplexityArgs),
     /// Report what this machine offers: CPU kernels, XRT, the NPU and why it is or is
     /// not usable; optionally check a model's NPU plan and a kernel manifest.
     Doctor(doctor::DoctorArgs),
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::ConvertDraft(args) => convert_draft::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
         Command::Doctor(args) => doctor::run(&args),
     };
     match result {

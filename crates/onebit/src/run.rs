@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Isa;
-use npu_runtime::{Forward, HeadKind, TargetPackage};
+use npu_runtime::{Forward, HeadKind, Precision, TargetPackage};
 
 use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
 use serde_json::json;
@@ -16,7 +16,7 @@ use crate::text::{render_chat, StreamDecoder, Text};
 use mtp::{RunOptions, SamplingConfig, StopReason};
 
 /// How to open and run a target package; shared by `run` and `bench`.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct TargetArgs {
     /// The target package directory (config.json, model.q4nx, tokenizer.json).
     #[arg(long)]
@@ -28,9 +28,14 @@ pub struct TargetArgs {
     /// (tied models), or auto (the embedding when the tiles were re-quantized from it).
     #[arg(long, value_enum, default_value_t = HeadArg::Auto)]
     pub head: HeadArg,
-    /// Matmul kernel (auto: the fastest this CPU supports).
+    /// CPU extensions the kernels may use (auto: all this CPU has).
     #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
     pub kernel: KernelArg,
+    /// Activation precision of the projections: q8 (int8 activations, integer
+    /// arithmetic: faster, measured against f32), f32 (the exact reference), or auto
+    /// (q8 on the CPU backend; f32 on sim and npu).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
+    pub precision: PrecisionArg,
     /// Where the target runs: cpu, sim (the NPU dispatch plan on a simulated device)
     /// or npu (XRT; needs a build with the `xrt` feature and --kernels).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
@@ -63,6 +68,7 @@ impl TargetArgs {
             package,
             self.backend,
             self.kernel.resolve()?,
+            self.precision.resolve(self.backend)?,
             self.threads,
             self.head.kind(),
             &npu,
@@ -148,12 +154,38 @@ impl KernelArg {
     }
 }
 
+/// `--precision` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    Auto,
+    Q8,
+    F32,
+}
+
+impl PrecisionArg {
+    /// The precision on `backend`; `q8` is refused where no `q8` kernels run.
+    pub fn resolve(self, backend: BackendArg) -> Result<Precision> {
+        match (self, backend) {
+            (PrecisionArg::F32, _) => Ok(Precision::F32),
+            (PrecisionArg::Auto, BackendArg::Cpu) => Ok(Precision::auto()),
+            (PrecisionArg::Auto, _) => Ok(Precision::F32),
+            (PrecisionArg::Q8, BackendArg::Cpu) => Ok(Precision::Q8),
+            (PrecisionArg::Q8, other) => bail!(
+                "--precision q8: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
+                other.name()
+            ),
+        }
+    }
+}
+
 /// `--head` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HeadArg {
     Auto,
     Tiles,
     Embedding,
+    /// An int8 copy of the embedding (the default for re-quantized tied heads at q8).
+    EmbeddingInt8,
 }
 
 impl HeadArg {
@@ -163,6 +195,7 @@ impl HeadArg {
             HeadArg::Auto => None,
             HeadArg::Tiles => Some(HeadKind::Tiles),
             HeadArg::Embedding => Some(HeadKind::Embedding),
+            HeadArg::EmbeddingInt8 => Some(HeadKind::EmbeddingInt8),
         }
     }
 }
@@ -312,10 +345,11 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
         );
     } else {
         println!(
-            "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s, {} threads, {} kernel)",
+            "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s, {} threads, {} kernel, {} precision)",
             plain.tokens.len(),
             target.threads(),
-            target.kernel().name()
+            target.kernel().name(),
+            target.precision().name()
         );
         println!("{}", show(&plain.tokens));
         println!(
@@ -418,6 +452,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             },
             "backend": target.backend(),
             "kernel": target.kernel().name(),
+            "precision": target.precision().name(),
+            "head": target.head().name(),
             "threads": target.threads(),
         });
         if draft.is_some() {
@@ -431,13 +467,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
             println!();
         }
         eprintln!(
-            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel]",
+            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} head]",
             prompt.len(),
             prefill_tps,
             out.tokens.len(),
             decode_tps,
             target.threads(),
-            target.kernel().name()
+            target.kernel().name(),
+            target.precision().name(),
+            target.head().name()
         );
         if draft.is_some() {
             let s = &out.stats;
