@@ -181,10 +181,10 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "matmul-batched-rows-sum-in-another-order",
-        file: "crates/npu-runtime/src/kernels/matmul.rs",
+        file: "crates/onebit-kernels/src/matmul.rs",
         find: "let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg]));",
         replace: "let t = if R > 1 { _mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(d, acc[r][rg])) } else { _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg])) };",
-        tests: &["-p", "npu-runtime", "--test", "matmul", "--test", "reference"],
+        tests: &["-p", "onebit-kernels", "--test", "matmul", "-p", "npu-runtime", "--test", "reference"],
         also: None,
     },
     Mutant {
@@ -238,10 +238,10 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "attention-dot-drops-the-tail",
-        file: "crates/npu-runtime/src/kernels/mod.rs",
+        file: "crates/onebit-kernels/src/elementwise.rs",
         find: "        acc[j] = x.mul_add(y, acc[j]);",
         replace: "        let _ = (j, x, y);",
-        tests: &["-p", "npu-runtime", "--test", "matmul"],
+        tests: &["-p", "onebit-kernels", "--test", "matmul"],
         also: None,
     },
 

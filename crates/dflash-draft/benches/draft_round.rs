@@ -88,7 +88,7 @@ criterion_main!(benches);
 /// model of 36 layers) over an 8-row verify batch. 36 of these plus the head are one
 /// verify pass of such a target; compare with `bolt_draft_round`.
 fn target_class_layer(c: &mut Criterion) {
-    use npu_runtime::kernels::{matmul, Isa};
+    use onebit_kernels::{matmul, Isa};
     use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
     let shapes = [
         (4096, 2560),

@@ -17,7 +17,7 @@
 //! [`draft_forward_cached`] folds only new rows into a cache. Every kernel computes a row
 //! the same way whatever the batch, so the two agree bit for bit.
 
-use npu_runtime::kernels::{self, dense, matmul, Isa};
+use onebit_kernels::{self as kernels, dense, matmul, Isa};
 use q4nx_format::Q4Matrix;
 use rayon::prelude::*;
 

@@ -2,7 +2,7 @@
 //! the package (not from the running target, which the loop holds mutably).
 
 use dflash_draft::DraftHooks;
-use npu_runtime::kernels::{dense, matmul, Isa};
+use onebit_kernels::{dense, matmul, Isa};
 use npu_runtime::{argmax, HeadKind, TargetPackage, TargetWeights};
 
 /// Embeds with the package's BF16 embedding and picks `argmax(head(hidden))`.
