@@ -137,6 +137,10 @@ impl QuantizedRows {
     pub fn sum(&self, i: usize, g: usize) -> f32 {
         self.sums[i * (self.k / GROUP) + g]
     }
+    /// Codes, scales, sums and code sums of every row, for the SIMD variants.
+    pub(crate) fn raw(&self) -> (&[i8], &[f32], &[f32], &[i32]) {
+        (&self.codes, &self.scales, &self.sums, &self.code_sums)
+    }
     /// Sum of row `i`'s codes in group `g`.
     pub fn code_sum(&self, i: usize, g: usize) -> i32 {
         self.code_sums[i * (self.k / GROUP) + g]
@@ -402,8 +406,10 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         return;
     }
     let kernel = variant(isa);
-    let mut scratch = vec![0f32; stride * n];
-    scratch
+    // One input row: the block-major scratch layout is the output layout.
+    let mut scratch = if n == 1 { Vec::new() } else { vec![0f32; stride * n] };
+    let target: &mut [f32] = if n == 1 { y } else { &mut scratch };
+    target
         .par_chunks_mut(BLOCK_ROWS * n)
         .enumerate()
         .for_each(|(b, out)| match kernel {
@@ -418,7 +424,9 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
             // SAFETY: as above (avx512f, bw, vl, vnni detected).
             Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
         });
-    transpose_into(&scratch, n, stride, y);
+    if n > 1 {
+        transpose_into(&scratch, n, stride, y);
+    }
 }
 
 /// `y[i · rows + r] = Σ_c W[r][c] · x[i][c]` for the int8 matrix, by the family's
@@ -459,20 +467,14 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
                 }
             }
         });
-    let padded = blocks * I8_BLOCK_ROWS;
-    for r in 0..rows {
-        for i in 0..n {
-            y[i * rows + r] = scratch[r * n + i];
-        }
-    }
-    debug_assert!(padded >= rows);
+    transpose_into(&scratch, n, rows, y);
 }
 
 /// `scratch[r · n + i]` → `y[i · stride + r]`.
 fn transpose_into(scratch: &[f32], n: usize, stride: usize, y: &mut [f32]) {
-    for r in 0..stride {
-        for i in 0..n {
-            y[i * stride + r] = scratch[r * n + i];
+    for (r, values) in scratch.chunks_exact(n).enumerate().take(stride) {
+        for (i, &v) in values.iter().enumerate() {
+            y[i * stride + r] = v;
         }
     }
 }

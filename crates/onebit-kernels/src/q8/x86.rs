@@ -18,9 +18,47 @@ use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 /// Input rows per sweep of a weight block.
 const MAX_R: usize = 4;
 
-#[inline(always)]
-unsafe fn quad(x: &QuantizedRows, i: usize, at: usize) -> i32 {
-    (x.codes(i).as_ptr().add(at) as *const i32).read_unaligned()
+/// Raw views of input rows `i0 ..` (no bounds checks in the inner loops; every index
+/// used below is inside the row by construction: `g < K / 32`, offsets `< 32`).
+struct Inputs<const R: usize> {
+    codes: [*const i8; R],
+    scales: [*const f32; R],
+    sums: [*const f32; R],
+    code_sums: [*const i32; R],
+}
+
+impl<const R: usize> Inputs<R> {
+    #[inline(always)]
+    fn new(x: &QuantizedRows, i0: usize) -> Self {
+        let groups = x.cols() / GROUP;
+        let (codes, scales, sums, code_sums) = x.raw();
+        assert!((i0 + R) * x.cols() <= codes.len() && (i0 + R) * groups <= scales.len());
+        let at = |r: usize| (i0 + r) * x.cols();
+        let gat = |r: usize| (i0 + r) * groups;
+        Inputs {
+            codes: std::array::from_fn(|r| codes[at(r)..].as_ptr()),
+            scales: std::array::from_fn(|r| scales[gat(r)..].as_ptr()),
+            sums: std::array::from_fn(|r| sums[gat(r)..].as_ptr()),
+            code_sums: std::array::from_fn(|r| code_sums[gat(r)..].as_ptr()),
+        }
+    }
+    /// Four codes of row `r` from column `at` as one little-endian i32.
+    #[inline(always)]
+    unsafe fn quad(&self, r: usize, at: usize) -> i32 {
+        (self.codes[r].add(at) as *const i32).read_unaligned()
+    }
+    #[inline(always)]
+    unsafe fn scale(&self, r: usize, g: usize) -> f32 {
+        *self.scales[r].add(g)
+    }
+    #[inline(always)]
+    unsafe fn sum(&self, r: usize, g: usize) -> f32 {
+        *self.sums[r].add(g)
+    }
+    #[inline(always)]
+    unsafe fn code_sum(&self, r: usize, g: usize) -> i32 {
+        *self.code_sums[r].add(g)
+    }
 }
 
 macro_rules! sweep_inputs {
@@ -64,14 +102,12 @@ unsafe fn q4_512<const R: usize>(
 ) {
     let n = x.rows();
     let groups = w.cols() / GROUP;
+    let xs = Inputs::<R>::new(x, i0);
     let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
     let mask = _mm512_set1_epi8(0x0f);
     let mut y = [[_mm512_setzero_ps(); 2]; R];
     for g in 0..groups {
         let p = base.add(g * Q4_GROUP_BYTES);
-        for line in 0..Q4_GROUP_BYTES / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * Q4_GROUP_BYTES + 64 * line) as *const i8);
-        }
         for h in 0..2 {
             let mut lo = [_mm512_setzero_si512(); R];
             let mut hi = [_mm512_setzero_si512(); R];
@@ -81,8 +117,8 @@ unsafe fn q4_512<const R: usize>(
                 let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
                 for r in 0..R {
                     let at = g * GROUP + 8 * q;
-                    let bl = _mm512_set1_epi32(quad(x, i0 + r, at));
-                    let bh = _mm512_set1_epi32(quad(x, i0 + r, at + 4));
+                    let bl = _mm512_set1_epi32(xs.quad(r, at));
+                    let bh = _mm512_set1_epi32(xs.quad(r, at + 4));
                     lo[r] = _mm512_dpbusd_epi32(lo[r], wl, bl);
                     hi[r] = _mm512_dpbusd_epi32(hi[r], wh, bh);
                 }
@@ -91,8 +127,8 @@ unsafe fn q4_512<const R: usize>(
             let m = bf16x16(p.add(576 + 32 * h));
             for r in 0..R {
                 let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r]));
-                let scale = _mm512_mul_ps(d, _mm512_set1_ps(x.scale(i0 + r, g)));
-                let sx = _mm512_set1_ps(x.sum(i0 + r, g));
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.scale(r, g)));
+                let sx = _mm512_set1_ps(xs.sum(r, g));
                 let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum));
                 y[r][h] = _mm512_add_ps(y[r][h], t);
             }
@@ -126,14 +162,12 @@ unsafe fn i8_512<const R: usize>(
 ) {
     let n = x.rows();
     let groups = w.cols() / GROUP;
+    let xs = Inputs::<R>::new(x, i0);
     let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
     let flip = _mm512_set1_epi8(-128);
     let mut y = [_mm512_setzero_ps(); R];
     for g in 0..groups {
         let p = base.add(g * I8_GROUP_BYTES);
-        for line in 0..I8_GROUP_BYTES / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * I8_GROUP_BYTES + 64 * line) as *const i8);
-        }
         let mut even = [_mm512_setzero_si512(); R];
         let mut odd = [_mm512_setzero_si512(); R];
         for q in (0..GROUP / 4).step_by(2) {
@@ -141,15 +175,15 @@ unsafe fn i8_512<const R: usize>(
             let w1 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64 + 64) as *const _), flip);
             for r in 0..R {
                 let at = g * GROUP + 4 * q;
-                even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(quad(x, i0 + r, at)));
-                odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(quad(x, i0 + r, at + 4)));
+                even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(xs.quad(r, at)));
+                odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(xs.quad(r, at + 4)));
             }
         }
         let dw = _mm512_loadu_ps(p.add(512) as *const f32);
         for r in 0..R {
-            let surplus = _mm512_set1_epi32(128 * x.code_sum(i0 + r, g));
+            let surplus = _mm512_set1_epi32(128 * xs.code_sum(r, g));
             let isum = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.scale(i0 + r, g)));
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs.scale(r, g)));
             y[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), y[r]);
         }
     }
@@ -214,14 +248,12 @@ macro_rules! q4_256 {
         ) {
             let n = x.rows();
             let groups = w.cols() / GROUP;
+            let xs = Inputs::<R>::new(x, i0);
             let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
             let mask = _mm256_set1_epi8(0x0f);
             let mut y = [[_mm256_setzero_ps(); 4]; R];
             for g in 0..groups {
                 let p = base.add(g * Q4_GROUP_BYTES);
-                for line in 0..Q4_GROUP_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * Q4_GROUP_BYTES + 64 * line) as *const i8);
-                }
                 for v in 0..4 {
                     let mut acc = [$zero; R];
                     for q in 0..4 {
@@ -232,8 +264,8 @@ macro_rules! q4_256 {
                         let wh = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
                         for r in 0..R {
                             let at = g * GROUP + 8 * q;
-                            let bl = _mm256_set1_epi32(quad(x, i0 + r, at));
-                            let bh = _mm256_set1_epi32(quad(x, i0 + r, at + 4));
+                            let bl = _mm256_set1_epi32(xs.quad(r, at));
+                            let bh = _mm256_set1_epi32(xs.quad(r, at + 4));
                             acc[r] = $dot(acc[r], wl, bl, wh, bh);
                         }
                     }
@@ -241,8 +273,8 @@ macro_rules! q4_256 {
                     let m = bf16x8(p.add(576 + 16 * v));
                     for r in 0..R {
                         let isum = _mm256_cvtepi32_ps($finish(acc[r]));
-                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(x.scale(i0 + r, g)));
-                        let sx = _mm256_set1_ps(x.sum(i0 + r, g));
+                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(xs.scale(r, g)));
+                        let sx = _mm256_set1_ps(xs.sum(r, g));
                         let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum));
                         y[r][v] = _mm256_add_ps(y[r][v], t);
                     }
@@ -317,19 +349,17 @@ macro_rules! i8_256 {
         ) {
             let n = x.rows();
             let groups = w.cols() / GROUP;
+            let xs = Inputs::<R>::new(x, i0);
             let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
             let mut y = [[_mm256_setzero_ps(); 2]; R];
             for g in 0..groups {
                 let p = base.add(g * I8_GROUP_BYTES);
-                for line in 0..I8_GROUP_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * I8_GROUP_BYTES + 64 * line) as *const i8);
-                }
                 for v in 0..2 {
                     let mut acc = [_mm256_setzero_si256(); R];
                     for q in 0..GROUP / 4 {
                         let c = _mm256_loadu_si256(p.add(q * 64 + 32 * v) as *const __m256i);
                         for r in 0..R {
-                            let bx = _mm256_set1_epi32(quad(x, i0 + r, g * GROUP + 4 * q));
+                            let bx = _mm256_set1_epi32(xs.quad(r, g * GROUP + 4 * q));
                             acc[r] = $dot(acc[r], c, bx);
                         }
                     }
@@ -337,10 +367,10 @@ macro_rules! i8_256 {
                     for r in 0..R {
                         let mut isum = acc[r];
                         if $surplus {
-                            let s = _mm256_set1_epi32(128 * x.code_sum(i0 + r, g));
+                            let s = _mm256_set1_epi32(128 * xs.code_sum(r, g));
                             isum = _mm256_sub_epi32(isum, s);
                         }
-                        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(x.scale(i0 + r, g)));
+                        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(xs.scale(r, g)));
                         y[r][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), y[r][v]);
                     }
                 }
