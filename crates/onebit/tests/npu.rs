@@ -113,7 +113,8 @@ fn sim_backend_generates_the_cpu_backends_tokens() {
             .unwrap();
         json_of(out)
     };
-    let cpu = run("cpu", &[]);
+    // The sim runs the f32 family (auto means f32 there): compare at the same precision.
+    let cpu = run("cpu", &["--precision", "f32"]);
     let sim = run("sim", &[]);
     assert_eq!(cpu["tokens"], sim["tokens"]);
     assert!(
@@ -146,6 +147,8 @@ fn sim_backend_runs_the_dflash_reference_pair_like_the_cpu() {
                 "--json",
                 "--draft-max",
                 "7",
+                "--precision",
+                "f32",
                 "--backend",
                 backend,
                 "--model",
@@ -204,4 +207,21 @@ fn npu_backend_without_xrt_is_refused_by_name() {
         .code(2);
     assert!(String::from_utf8_lossy(&out.get_output().stderr)
         .contains("--kernels only applies to --backend npu"));
+}
+
+/// The q8 family is a CPU family: asking the sim for it is refused by name.
+#[test]
+fn sim_backend_refuses_q8_by_name() {
+    let out = onebit()
+        .args(["run", "--prompt-tokens", "1,2", "--max-tokens", "1", "--backend", "sim"])
+        .args(["--precision", "q8", "--model"])
+        .arg(fixture("tiny-llama"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--precision q8: the sim backend runs the f32 family only"),
+        "{err}"
+    );
 }

@@ -18,6 +18,9 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
             "--json",
             "--draft-max",
             "7",
+            // z-lab's reference is float arithmetic: compare at the exact precision.
+            "--precision",
+            "f32",
         ])
         .arg("--model")
         .arg(&target)
@@ -48,6 +51,28 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
     assert_eq!(s["rounds"].as_u64().unwrap(), rounds.len() as u64);
     assert_eq!(s["accepted"].as_u64().unwrap(), rounds.iter().sum::<u64>());
     assert!(s["acceptance_by_position"].as_array().unwrap().len() == 7);
+}
+
+/// At q8 (the default) the trained draft's speculative text equals plain q8 decoding:
+/// per-row activation quantization keeps verify passes batch-invariant.
+#[test]
+fn speculative_text_equals_plain_text_at_q8() {
+    let (_dir, target, draft) = reference_pair();
+    let run = |with_draft: bool| {
+        let mut cmd = onebit();
+        cmd.args(["run", "--prompt-tokens", "1,17,300,42,7,255,3,99,128,64"])
+            .args(["--max-tokens", "48", "--ignore-eos", "--json"])
+            .args(["--precision", "q8", "--model"])
+            .arg(&target);
+        if with_draft {
+            cmd.arg("--draft").arg(&draft);
+        }
+        json_of(cmd.output().unwrap())
+    };
+    let (plain, spec) = (run(false), run(true));
+    assert_eq!(plain["precision"], "q8");
+    assert_eq!(spec["tokens"], plain["tokens"]);
+    assert!(spec["speculative"]["accepted"].as_u64().unwrap() > 0);
 }
 
 #[test]
