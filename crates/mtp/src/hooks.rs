@@ -2,8 +2,8 @@
 //! the package (not from the running target, which the loop holds mutably).
 
 use dflash_draft::DraftHooks;
-use onebit_kernels::{dense, matmul, Isa};
 use npu_runtime::{argmax, HeadKind, TargetPackage, TargetWeights};
+use onebit_kernels::{dense, matmul, Isa};
 
 /// Embeds with the package's BF16 embedding and picks `argmax(head(hidden))`.
 pub struct PackageHooks<'p> {

@@ -225,15 +225,17 @@ impl TargetWeights<'_> {
             crate::cpu::HeadKind::Tiles => {
                 crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel)
             }
-            crate::cpu::HeadKind::Embedding | crate::cpu::HeadKind::EmbeddingInt8 => crate::kernels::dense::matmul_bf16(
-                self.embed.bytes,
-                v,
-                h,
-                hidden,
-                n,
-                &mut y,
-                kernel,
-            ),
+            crate::cpu::HeadKind::Embedding | crate::cpu::HeadKind::EmbeddingInt8 => {
+                crate::kernels::dense::matmul_bf16(
+                    self.embed.bytes,
+                    v,
+                    h,
+                    hidden,
+                    n,
+                    &mut y,
+                    kernel,
+                )
+            }
         }
         y
     }

@@ -55,28 +55,36 @@ fn bench(c: &mut Criterion) {
                     .collect();
                 let mut ys: Vec<Vec<f32>> =
                     shapes.iter().map(|&(n, _)| vec![0f32; rows * n]).collect();
-                g.bench_with_input(BenchmarkId::new(format!("f32_{}", names.0), rows), &rows, |b, &rows| {
-                    b.iter(|| {
-                        pool.install(|| {
-                            for ((w, x), y) in weights.iter().zip(&xs).zip(ys.iter_mut()) {
-                                matmul(w, x, rows, y, isa);
-                            }
+                g.bench_with_input(
+                    BenchmarkId::new(format!("f32_{}", names.0), rows),
+                    &rows,
+                    |b, &rows| {
+                        b.iter(|| {
+                            pool.install(|| {
+                                for ((w, x), y) in weights.iter().zip(&xs).zip(ys.iter_mut()) {
+                                    matmul(w, x, rows, y, isa);
+                                }
+                            })
                         })
-                    })
-                });
+                    },
+                );
                 let mut quantized = QuantizedRows::default();
-                g.bench_with_input(BenchmarkId::new(format!("q8_{}", names.1), rows), &rows, |b, &rows| {
-                    b.iter(|| {
-                        pool.install(|| {
-                            for (((w, (_, k)), x), y) in
-                                packed.iter().zip(&shapes).zip(&xs).zip(ys.iter_mut())
-                            {
-                                quantized.quantize_from(x, rows, *k);
-                                q8::matmul_q4(w, &quantized, y, isa);
-                            }
+                g.bench_with_input(
+                    BenchmarkId::new(format!("q8_{}", names.1), rows),
+                    &rows,
+                    |b, &rows| {
+                        b.iter(|| {
+                            pool.install(|| {
+                                for (((w, (_, k)), x), y) in
+                                    packed.iter().zip(&shapes).zip(&xs).zip(ys.iter_mut())
+                                {
+                                    quantized.quantize_from(x, rows, *k);
+                                    q8::matmul_q4(w, &quantized, y, isa);
+                                }
+                            })
                         })
-                    })
-                });
+                    },
+                );
             }
             g.finish();
         }

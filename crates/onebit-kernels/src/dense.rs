@@ -40,15 +40,7 @@ fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
 ///
 /// # Panics
 /// If `k` is not a multiple of 16 or the slices do not match.
-pub fn matmul_bf16(
-    w: &[u8],
-    rows: usize,
-    k: usize,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-    isa: Isa,
-) {
+pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
     assert_eq!(k % LANES, 0, "K must be a multiple of 16");
     assert_eq!(w.len(), rows * k * 2);
     assert_eq!(x.len(), n * k);

@@ -199,7 +199,6 @@ pub fn attend_portable(
     attend_body(query, keys, values, len, scale, scores, out)
 }
 
-
 /// Per-head RMSNorm (when `norm` is given) then rope, for rows of `heads` heads at
 /// positions `p0..`; `cos`/`sin` are tables indexed `[position][head_dim / 2]`.
 #[allow(clippy::too_many_arguments)]

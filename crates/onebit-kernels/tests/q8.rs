@@ -65,7 +65,11 @@ fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind) {
             let single = QuantizedRows::quantize(&x[i * k..(i + 1) * k], 1, k);
             let mut one = vec![0f32; stride];
             q8::matmul_q4(&packed, &single, &mut one, isa);
-            assert_eq!(one, y[i * stride..(i + 1) * stride], "batch invariance, row {i}");
+            assert_eq!(
+                one,
+                y[i * stride..(i + 1) * stride],
+                "batch invariance, row {i}"
+            );
         }
     }
 }
@@ -270,8 +274,80 @@ fn q8_error_against_f32_is_within_the_rounding_bound() {
             }
             let err = (y[i * packed.stride() + r] - exact[i * n_out + r]).abs();
             worst = worst.max(err / bound);
-            assert!(err <= bound * 1.01 + 1e-5, "row {r} input {i}: error {err} > bound {bound}");
+            assert!(
+                err <= bound * 1.01 + 1e-5,
+                "row {r} input {i}: error {err} > bound {bound}"
+            );
         }
     }
     eprintln!("worst error / rounding bound: {worst:.3}");
+}
+
+/// Two levels: each output is the reference of the first level plus the reference of
+/// the residual level (one f32 addition), on every variant; a batch equals single rows;
+/// and the error against the f32 family shrinks below 1/100 of the one-level bound.
+#[test]
+fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
+    use q8::Levels;
+    let (n_out, k, rows) = (96, 576, 5);
+    let tiles = encode_q4_1(&values(n_out * k, 31, 0.2), n_out, k).unwrap();
+    let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, Q4Kind::Q4_1).unwrap();
+    let dense = w.decode();
+    let packed = PackedQ4::new(&w);
+    let x = values(rows * k, 32, 2.0);
+    let mut xq = QuantizedRows::default();
+    xq.quantize_levels(&x, rows, k, Levels::Two);
+    assert_eq!(xq.rows(), 2 * rows);
+    let stride = packed.stride();
+    let mut exact = vec![0f32; rows * n_out];
+    onebit_kernels::matmul(&w, &x, rows, &mut exact, Isa::scalar());
+    for isa in isas() {
+        let y = q8::matmul_q4_levels(&packed, &xq, Levels::Two, isa);
+        assert_eq!(y.len(), rows * stride);
+        for i in 0..rows {
+            let mut single = QuantizedRows::default();
+            single.quantize_levels(&x[i * k..(i + 1) * k], 1, k, Levels::Two);
+            let one = q8::matmul_q4_levels(&packed, &single, Levels::Two, isa);
+            assert_eq!(
+                one,
+                y[i * stride..(i + 1) * stride],
+                "batch invariance, row {i}"
+            );
+            for r in 0..n_out {
+                let want = reference::dot_q4(&packed, r, &xq, i)
+                    + reference::dot_q4(&packed, r, &xq, rows + i);
+                assert_eq!(
+                    y[i * stride + r].to_bits(),
+                    want.to_bits(),
+                    "{}",
+                    isa.name()
+                );
+                let mut bound = 0f32;
+                for c in 0..k {
+                    bound += dense[r * k + c].abs() * xq.scale(i, c / 32) * 0.5;
+                }
+                let err = (y[i * stride + r] - exact[i * n_out + r]).abs();
+                assert!(
+                    err <= bound / 100.0 + 1e-5,
+                    "row {r}: error {err}, one-level bound {bound}"
+                );
+            }
+        }
+    }
+    // The int8 head the same way.
+    let dense: Vec<u8> = values(40 * k, 33, 0.3)
+        .iter()
+        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+        .collect();
+    let head = I8Matrix::from_bf16(&dense, 40, k);
+    for isa in isas() {
+        let y = q8::matmul_i8_levels(&head, &xq, Levels::Two, isa);
+        for i in 0..rows {
+            for r in 0..40 {
+                let want = reference::dot_i8(&head, r, &xq, i)
+                    + reference::dot_i8(&head, r, &xq, rows + i);
+                assert_eq!(y[i * 40 + r].to_bits(), want.to_bits());
+            }
+        }
+    }
 }

@@ -144,11 +144,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
                 let olp = log_probs(orow);
                 other_scores.nll.push(-olp[next]);
                 // KL(reference || main) with the compared precision as the reference.
-                let kl: f64 = olp
-                    .iter()
-                    .zip(&lp)
-                    .map(|(&r, &m)| r.exp() * (r - m))
-                    .sum();
+                let kl: f64 = olp.iter().zip(&lp).map(|(&r, &m)| r.exp() * (r - m)).sum();
                 cmp.kld.push(kl.max(0.0));
                 if argmax(row) == argmax(orow) {
                     cmp.top1_equal += 1;

@@ -31,9 +31,10 @@ pub struct TargetArgs {
     /// CPU extensions the kernels may use (auto: all this CPU has).
     #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
     pub kernel: KernelArg,
-    /// Activation precision of the projections: q8 (int8 activations, integer
-    /// arithmetic: faster, measured against f32), f32 (the exact reference), or auto
-    /// (q8 on the CPU backend; f32 on sim and npu).
+    /// Activation precision of the projections: q8x2 (two int8 levels per activation,
+    /// integer arithmetic: as good as f32 on perplexity), q8 (one int8 level: the
+    /// fastest verify passes, measurably less precise), f32 (the exact reference), or
+    /// auto (q8x2 on the CPU backend; f32 on sim and npu).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
     pub precision: PrecisionArg,
     /// Where the target runs: cpu, sim (the NPU dispatch plan on a simulated device)
@@ -159,6 +160,7 @@ impl KernelArg {
 pub enum PrecisionArg {
     Auto,
     Q8,
+    Q8x2,
     F32,
 }
 
@@ -170,8 +172,10 @@ impl PrecisionArg {
             (PrecisionArg::Auto, BackendArg::Cpu) => Ok(Precision::auto()),
             (PrecisionArg::Auto, _) => Ok(Precision::F32),
             (PrecisionArg::Q8, BackendArg::Cpu) => Ok(Precision::Q8),
-            (PrecisionArg::Q8, other) => bail!(
-                "--precision q8: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
+            (PrecisionArg::Q8x2, BackendArg::Cpu) => Ok(Precision::Q8x2),
+            (PrecisionArg::Q8 | PrecisionArg::Q8x2, other) => bail!(
+                "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
+                if self == PrecisionArg::Q8 { "q8" } else { "q8x2" },
                 other.name()
             ),
         }

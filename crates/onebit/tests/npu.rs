@@ -213,7 +213,15 @@ fn npu_backend_without_xrt_is_refused_by_name() {
 #[test]
 fn sim_backend_refuses_q8_by_name() {
     let out = onebit()
-        .args(["run", "--prompt-tokens", "1,2", "--max-tokens", "1", "--backend", "sim"])
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--backend",
+            "sim",
+        ])
         .args(["--precision", "q8", "--model"])
         .arg(fixture("tiny-llama"))
         .output()

@@ -63,26 +63,46 @@ fn perplexity_and_comparison_match_a_float64_computation() {
             logits_at(Precision::F32, window),
         );
         for i in ctx / 2 - 1..ctx - 1 {
-            let (rq, rf) = (&lq[i * vocab..(i + 1) * vocab], &lf[i * vocab..(i + 1) * vocab]);
+            let (rq, rf) = (
+                &lq[i * vocab..(i + 1) * vocab],
+                &lf[i * vocab..(i + 1) * vocab],
+            );
             let next = window[i + 1] as usize;
             q8_nll.push(nll(rq, next));
             f32_nll.push(nll(rf, next));
             let (pq, pf) = (softmax(rq), softmax(rf));
-            kl.push(pf.iter().zip(&pq).map(|(f, q)| f * (f / q).ln()).sum::<f64>().max(0.0));
+            kl.push(
+                pf.iter()
+                    .zip(&pq)
+                    .map(|(f, q)| f * (f / q).ln())
+                    .sum::<f64>()
+                    .max(0.0),
+            );
             agree += (npu_runtime::argmax(rq) == npu_runtime::argmax(rf)) as usize;
         }
     }
     let ppl = |v: &[f64]| (v.iter().sum::<f64>() / v.len() as f64).exp();
     let close = |a: f64, b: f64, what: &str| {
-        assert!((a - b).abs() <= 1e-9 * b.abs().max(1e-12), "{what}: {a} vs float64 {b}");
+        assert!(
+            (a - b).abs() <= 1e-9 * b.abs().max(1e-12),
+            "{what}: {a} vs float64 {b}"
+        );
     };
     assert_eq!(got["tokens"], q8_nll.len());
     assert_eq!(got["windows"], windows);
     assert_eq!(got["precision"], "q8");
-    close(got["perplexity"].as_f64().unwrap(), ppl(&q8_nll), "perplexity");
+    close(
+        got["perplexity"].as_f64().unwrap(),
+        ppl(&q8_nll),
+        "perplexity",
+    );
     let cmp = &got["compare"];
     assert_eq!(cmp["precision"], "f32");
-    close(cmp["perplexity"].as_f64().unwrap(), ppl(&f32_nll), "f32 perplexity");
+    close(
+        cmp["perplexity"].as_f64().unwrap(),
+        ppl(&f32_nll),
+        "f32 perplexity",
+    );
     close(
         cmp["kld_mean"].as_f64().unwrap(),
         kl.iter().sum::<f64>() / kl.len() as f64,

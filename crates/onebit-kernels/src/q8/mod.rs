@@ -117,6 +117,40 @@ impl QuantizedRows {
         }
     }
 
+    /// Quantizes `rows` rows at `levels` int8 levels. [`Levels::Two`] adds rows
+    /// `rows..2·rows`: the residual `x - dx·q` of each row, quantized the same way but
+    /// with float sums of zero (so a q4 matmul adds the mins' term once). The two
+    /// levels together carry each input to within `dx / 508` (about 15 bits), and
+    /// still depend on that row alone.
+    pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
+        self.quantize_from(x, rows, k);
+        if levels == Levels::One {
+            return;
+        }
+        let groups = k / GROUP;
+        let mut residual = Vec::with_capacity(rows * k);
+        for (g, values) in x.chunks_exact(GROUP).enumerate() {
+            let d = self.scales[g];
+            let codes = &self.codes[g * GROUP..(g + 1) * GROUP];
+            residual.extend(values.iter().zip(codes).map(|(&v, &q)| v - d * q as f32));
+        }
+        self.rows = 2 * rows;
+        self.codes.resize(2 * rows * k, 0);
+        self.scales.resize(2 * rows * groups, 0.0);
+        self.sums.resize(2 * rows * groups, 0.0);
+        self.code_sums.resize(2 * rows * groups, 0);
+        let second = rows * groups;
+        for (g, (values, codes)) in residual
+            .chunks_exact(GROUP)
+            .zip(self.codes[rows * k..].chunks_exact_mut(GROUP))
+            .enumerate()
+        {
+            self.scales[second + g] = quantize_group(values, codes);
+            self.sums[second + g] = 0.0;
+            self.code_sums[second + g] = codes.iter().map(|&c| c as i32).sum();
+        }
+    }
+
     /// Input rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -145,6 +179,55 @@ impl QuantizedRows {
     pub fn code_sum(&self, i: usize, g: usize) -> i32 {
         self.code_sums[i * (self.k / GROUP) + g]
     }
+}
+
+/// How many int8 levels carry each activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Levels {
+    /// One: `x ≈ dx·q` (error up to `dx / 2`).
+    One,
+    /// Two: `x ≈ dx·q + dr·r`, the second level quantizing the first's residual
+    /// (error up to `dx / 508`); twice the integer work, the same weight traffic.
+    Two,
+}
+
+impl Levels {
+    /// Quantized rows per input row.
+    pub fn count(self) -> usize {
+        match self {
+            Levels::One => 1,
+            Levels::Two => 2,
+        }
+    }
+}
+
+/// Adds the second level's outputs (the last `len` values) into the first's, in place,
+/// and drops them: `y = y_first + y_second`, one f32 addition per element.
+fn fold_levels(y: &mut Vec<f32>, len: usize, levels: Levels) {
+    if levels == Levels::Two {
+        let (first, second) = y.split_at_mut(len);
+        for (a, &b) in first.iter_mut().zip(second.iter()) {
+            *a += b;
+        }
+        y.truncate(len);
+    }
+}
+
+/// [`matmul_q4`] over rows quantized at `levels` ([`QuantizedRows::quantize_levels`]):
+/// returns `(x.rows() / levels) × w.stride()` values, each the sum of its levels' outputs.
+pub fn matmul_q4_levels(w: &PackedQ4, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    let mut y = vec![0f32; x.rows() * w.stride()];
+    matmul_q4(w, x, &mut y, isa);
+    fold_levels(&mut y, x.rows() / levels.count() * w.stride(), levels);
+    y
+}
+
+/// [`matmul_i8`] over rows quantized at `levels`: `(x.rows() / levels) × w.rows()` values.
+pub fn matmul_i8_levels(w: &I8Matrix, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    let mut y = vec![0f32; x.rows() * w.rows()];
+    matmul_i8(w, x, &mut y, isa);
+    fold_levels(&mut y, x.rows() / levels.count() * w.rows(), levels);
+    y
 }
 
 /// q4 weights repacked for integer dot products, optionally several matrices of the same
@@ -407,7 +490,11 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
     }
     let kernel = variant(isa);
     // One input row: the block-major scratch layout is the output layout.
-    let mut scratch = if n == 1 { Vec::new() } else { vec![0f32; stride * n] };
+    let mut scratch = if n == 1 {
+        Vec::new()
+    } else {
+        vec![0f32; stride * n]
+    };
     let target: &mut [f32] = if n == 1 { y } else { &mut scratch };
     target
         .par_chunks_mut(BLOCK_ROWS * n)

@@ -87,7 +87,12 @@ unsafe fn bf16x16(p: *const u8) -> __m512 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn block_q4_avx512vnni(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+pub(super) unsafe fn block_q4_avx512vnni(
+    w: &PackedQ4,
+    b: usize,
+    x: &QuantizedRows,
+    out: &mut [f32],
+) {
     sweep_inputs!(q4_512, w, b, x, out)
 }
 
@@ -147,7 +152,12 @@ unsafe fn q4_512<const R: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn block_i8_avx512vnni(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+pub(super) unsafe fn block_i8_avx512vnni(
+    w: &I8Matrix,
+    b: usize,
+    x: &QuantizedRows,
+    out: &mut [f32],
+) {
     sweep_inputs!(i8_512, w, b, x, out)
 }
 
@@ -210,7 +220,10 @@ fn store_i8<const R: usize>(
     i0: usize,
     out: &mut [f32],
 ) {
-    let valid = w.rows().saturating_sub(b * I8_BLOCK_ROWS).min(I8_BLOCK_ROWS);
+    let valid = w
+        .rows()
+        .saturating_sub(b * I8_BLOCK_ROWS)
+        .min(I8_BLOCK_ROWS);
     for (r, row) in lanes.iter().enumerate() {
         for (j, &value) in row.iter().enumerate().take(valid) {
             out[j * n + i0 + r] = value;
@@ -258,7 +271,7 @@ macro_rules! q4_256 {
                     let mut acc = [$zero; R];
                     for q in 0..4 {
                         let c = _mm256_loadu_si256(
-                            p.add((4 * (v / 2) + q) * 64 + 32 * (v % 2)) as *const __m256i,
+                            p.add((4 * (v / 2) + q) * 64 + 32 * (v % 2)) as *const __m256i
                         );
                         let wl = _mm256_and_si256(c, mask);
                         let wh = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
@@ -318,7 +331,14 @@ unsafe fn finish_vnni(acc: __m256i) -> __m256i {
     acc
 }
 
-q4_256!(q4_avx2, block_q4_avx2, "avx2,fma", _mm256_setzero_si256(), dot_q4_avx2, finish_avx2);
+q4_256!(
+    q4_avx2,
+    block_q4_avx2,
+    "avx2,fma",
+    _mm256_setzero_si256(),
+    dot_q4_avx2,
+    finish_avx2
+);
 q4_256!(
     q4_avxvnni,
     block_q4_avxvnni,
@@ -401,4 +421,10 @@ unsafe fn dot_i8_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 }
 
 i8_256!(i8_avx2, block_i8_avx2, "avx2,fma", dot_i8_avx2, false);
-i8_256!(i8_avxvnni, block_i8_avxvnni, "avx2,fma,avxvnni", dot_i8_vnni, true);
+i8_256!(
+    i8_avxvnni,
+    block_i8_avxvnni,
+    "avx2,fma,avxvnni",
+    dot_i8_vnni,
+    true
+);
