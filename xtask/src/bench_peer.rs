@@ -29,7 +29,7 @@ const CMAKE_PIN: &str = "cmake==3.31.10";
 const NINJA_PIN: &str = "ninja==1.13.0";
 
 const USAGE: &str = "usage: cargo xtask bench-peer [--threads N] [--context N] [--json] \
-[--gguf PATH --model DIR] [-- ONEBIT-BENCH-FLAGS]";
+[--gguf PATH --model DIR] [--llama-bench-arg ARG ...] [-- ONEBIT-BENCH-FLAGS]";
 
 struct Options {
     threads: usize,
@@ -38,6 +38,8 @@ struct Options {
     gguf: Option<PathBuf>,
     model: Option<PathBuf>,
     onebit_extra: Vec<String>,
+    /// Extra llama-bench arguments (`--llama-bench-arg`, repeatable), e.g. `--poll 0`.
+    llama_extra: Vec<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -48,6 +50,7 @@ fn parse(args: &[String]) -> Result<Options> {
         gguf: None,
         model: None,
         onebit_extra: Vec::new(),
+        llama_extra: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -79,6 +82,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--gguf" => o.gguf = Some(value("--gguf")?.into()),
             "--model" => o.model = Some(value("--model")?.into()),
             "--json" => o.json = true,
+            "--llama-bench-arg" => o.llama_extra.push(value("--llama-bench-arg")?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -132,13 +136,14 @@ pub fn run(args: &[String]) -> Result<()> {
     step!("[3/5] onebit (cargo build --release -p onebit)");
     let onebit = build_onebit(&root)?;
 
+    let load_before = load_average();
     step!("[4/5] llama-bench on {}", gguf.display());
-    let peer_rows = run_llama_bench(&llama_bench, &gguf, o.threads, o.context, &peer)?;
+    let peer_rows = run_llama_bench(&llama_bench, &gguf, &o, &peer)?;
 
     step!("[5/5] onebit bench on {}", model.display());
     let ours = run_onebit_bench(&onebit, &model, o.threads, &o.onebit_extra)?;
 
-    let report = Report::new(&o, &root, &gguf, &model, &peer_rows, &ours)?;
+    let report = Report::new(&o, load_before, &root, &gguf, &model, &peer_rows, &ours)?;
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
@@ -359,8 +364,10 @@ fn ensure_llama_bench(peer: &Path) -> Result<PathBuf> {
             "-DLLAMA_BUILD_TOOLS=ON",
             "-DLLAMA_BUILD_SERVER=OFF",
         ])
-        // The sdist has no .git: without a ceiling, llama.cpp's build-info would find
-        // *this* repository above target/ and stamp onebit's commit on llama-bench.
+        // The 0.3.16 sdist ships vendor/llama.cpp/.git (a shallow clone: the commit is
+        // right, the build number is 1); should a release ship none, the ceiling keeps
+        // llama.cpp's build-info from finding *this* repository above target/ and
+        // stamping onebit's commit on llama-bench.
         .env("GIT_CEILING_DIRECTORIES", peer);
     logged("cmake configure llama.cpp", &mut configure, &log)?;
     step!("  cmake --build --target llama-bench -j 2 (several minutes on two cores)");
@@ -426,22 +433,17 @@ struct PeerRow {
     raw: Value,
 }
 
-fn run_llama_bench(
-    bin: &Path,
-    gguf: &Path,
-    threads: usize,
-    context: Option<usize>,
-    peer: &Path,
-) -> Result<Vec<PeerRow>> {
+fn run_llama_bench(bin: &Path, gguf: &Path, o: &Options, peer: &Path) -> Result<Vec<PeerRow>> {
     let mut cmd = Command::new(bin);
     cmd.arg("-m")
         .arg(gguf)
-        .args(["-t", &threads.to_string()])
+        .args(["-t", &o.threads.to_string()])
         // pp1 and pp8: the 1- and 8-row passes; pp128 and tg128: prefill and decode.
         .args(["-p", "1,8,128", "-n", "128", "-o", "json"]);
-    if let Some(n) = context {
+    if let Some(n) = o.context {
         cmd.args(["-d", &format!("0,{n}")]);
     }
+    cmd.args(&o.llama_extra);
     let shown = format!("{cmd:?}");
     step!("  {shown}");
     let log = peer.join("llama-bench.log");
@@ -602,6 +604,8 @@ const ROWS: &[(&str, &str, &str, Getter)] = &[
 
 struct Report {
     cpu: String,
+    /// /proc/loadavg's 1-minute figure before and after the runs.
+    load: (f64, f64),
     isa: Vec<(&'static str, bool)>,
     threads: usize,
     llama_version: String,
@@ -609,6 +613,7 @@ struct Report {
     gguf: PathBuf,
     model: PathBuf,
     onebit_extra: Vec<String>,
+    llama_extra: Vec<String>,
     context: Option<usize>,
     peer: Figures,
     peer_deep: Option<Figures>,
@@ -631,6 +636,14 @@ fn cpu_info() -> (String, Vec<(&'static str, bool)>) {
     let flags = field("flags").unwrap_or_default();
     let flags: Vec<&str> = flags.split_whitespace().collect();
     (model, ISA.iter().map(|f| (*f, flags.contains(f))).collect())
+}
+
+/// The 1-minute load average (0 when /proc/loadavg is unreadable).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn onebit_commit(root: &Path) -> String {
@@ -658,6 +671,7 @@ fn onebit_commit(root: &Path) -> String {
 impl Report {
     fn new(
         o: &Options,
+        load_before: f64,
         root: &Path,
         gguf: &Path,
         model: &Path,
@@ -669,12 +683,11 @@ impl Report {
             .first()
             .context("bench-peer: llama-bench printed no results")?;
         let commit = first.raw["build_commit"].as_str().unwrap_or("unknown");
-        let number = first.raw["build_number"].as_u64().unwrap_or(0);
-        let llama_version = format!(
-            "llama.cpp vendored by llama-cpp-python {LLAMA_CPP_PYTHON} (llama-bench build_commit {commit}, build_number {number})"
-        );
+        let llama_version =
+            format!("commit {commit} (vendored by llama-cpp-python {LLAMA_CPP_PYTHON})");
         Ok(Report {
             cpu,
+            load: (load_before, load_average()),
             isa,
             threads: o.threads,
             llama_version,
@@ -682,6 +695,7 @@ impl Report {
             gguf: gguf.to_path_buf(),
             model: model.to_path_buf(),
             onebit_extra: o.onebit_extra.clone(),
+            llama_extra: o.llama_extra.clone(),
             context: o.context,
             peer: Figures::from_peer(peer_rows, 0),
             peer_deep: o.context.map(|n| Figures::from_peer(peer_rows, n as u64)),
@@ -708,7 +722,21 @@ impl Report {
         println!("CPU:      {}", self.cpu);
         println!("ISA:      {}", self.isa_line());
         println!("threads:  {}", self.threads);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!(
+            "load:     {:.1} before, {:.1} after ({cores} cores){}",
+            self.load.0,
+            self.load.1,
+            if self.load.0.max(self.load.1) > cores as f64 {
+                "; the machine was busy: figures are noisy, and spinning thread barriers (llama.cpp's) suffer most"
+            } else {
+                ""
+            }
+        );
         println!("llama.cpp: {}", self.llama_version);
+        if !self.llama_extra.is_empty() {
+            println!("llama-bench flags: {}", self.llama_extra.join(" "));
+        }
         println!("onebit:   commit {}", self.onebit_commit);
         println!("GGUF:     {}", self.gguf.display());
         println!("package:  {}", self.model.display());
@@ -773,12 +801,14 @@ impl Report {
             "cpu": self.cpu,
             "isa": self.isa.iter().map(|(f, on)| (f.to_string(), json!(on))).collect::<serde_json::Map<_, _>>(),
             "threads": self.threads,
+            "load_average_1min": {"before": self.load.0, "after": self.load.1},
             "llama_cpp": self.llama_version,
             "llama_cpp_python": LLAMA_CPP_PYTHON,
             "onebit_commit": self.onebit_commit,
             "gguf": self.gguf.display().to_string(),
             "model": self.model.display().to_string(),
             "onebit_bench_flags": self.onebit_extra,
+            "llama_bench_flags": self.llama_extra,
             "figures": table(Some(&self.ours), &self.peer),
             "context": self.context.zip(self.peer_deep.as_ref()).map(|(n, deep)| json!({
                 "tokens": n,
@@ -842,8 +872,12 @@ mod tests {
     #[test]
     fn arguments() {
         let a = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        let o = parse(&a("--threads 4 --context 2048 --json -- --head tiles")).unwrap();
+        let o = parse(&a(
+            "--threads 4 --context 2048 --json --llama-bench-arg --poll --llama-bench-arg 0 -- --head tiles",
+        ))
+        .unwrap();
         assert_eq!((o.threads, o.context, o.json), (4, Some(2048), true));
+        assert_eq!(o.llama_extra, a("--poll 0"));
         assert_eq!(o.onebit_extra, a("--head tiles"));
         assert!(parse(&a("--gguf x.gguf")).is_err());
         assert!(parse(&a("--threads 0")).is_err());
