@@ -32,7 +32,8 @@ tasks:
   cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
                                            cargo-mutants over mtp and dflash-draft (slow: nightly),
                                            caught/missed counts; output in target/cargo-mutants
-  bench-peer [--threads N] [--context N] [--json] [--gguf PATH --model DIR] [-- ONEBIT-FLAGS]
+  bench-peer [--threads N] [--context N] [--json] [--gguf PATH --model DIR]
+             [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
                                            build llama.cpp's llama-bench (pinned llama-cpp-python
                                            sdist, cached in target/peer) and print it and onebit
                                            bench side by side on the same GGUF, as ratios (nightly)";
