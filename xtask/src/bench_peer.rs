@@ -728,7 +728,7 @@ impl Report {
             self.load.0,
             self.load.1,
             if self.load.0.max(self.load.1) > cores as f64 {
-                "; the machine was busy: figures are noisy, and spinning thread barriers (llama.cpp's) suffer most"
+                "; the machine was busy: figures are noisy, and spinning thread barriers (llama.cpp's) suffer most (--threads 1 has none)"
             } else {
                 ""
             }
