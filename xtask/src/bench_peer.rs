@@ -1,0 +1,886 @@
+//! `cargo xtask bench-peer`: onebit and llama.cpp side by side on the same GGUF.
+//!
+//! Downloads the pinned llama-cpp-python sdist from PyPI (it vendors llama.cpp), builds
+//! `llama-bench` once into `target/peer/` (never committed; later runs reuse it), runs it
+//! and `onebit bench` on the same model with the same thread count, and prints decode,
+//! prefill 128, the 1- and 8-row pass and the 8-row/1-row cost as ratios. Nightly-style:
+//! minutes of building on a small machine, so not part of CI.
+//!
+//! A pass of n rows costs n / (llama-bench's `pp<n>` tokens/s); onebit bench times its
+//! passes directly. `--context N` adds llama-bench's `-d N` (the same tests after N
+//! tokens of KV cache); `onebit bench` has no context option yet, so its side of that
+//! table is reported as not measured.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+/// The llama-cpp-python release whose vendored llama.cpp is the peer (August 2025,
+/// `tools/llama-bench` with `-d`). Later 0.3.x sdists vendor six times the sources,
+/// which takes too long to build on a two-core machine; bumping is this one line (and
+/// perhaps the cmake options below).
+pub const LLAMA_CPP_PYTHON: &str = "0.3.16";
+/// cmake and ninja from PyPI when the system has none (wheels only).
+const CMAKE_PIN: &str = "cmake==3.31.10";
+const NINJA_PIN: &str = "ninja==1.13.0";
+
+const USAGE: &str = "usage: cargo xtask bench-peer [--threads N] [--context N] [--json] \
+[--gguf PATH --model DIR] [--llama-bench-arg ARG ...] [-- ONEBIT-BENCH-FLAGS]";
+
+struct Options {
+    threads: usize,
+    context: Option<usize>,
+    json: bool,
+    gguf: Option<PathBuf>,
+    model: Option<PathBuf>,
+    onebit_extra: Vec<String>,
+    /// Extra llama-bench arguments (`--llama-bench-arg`, repeatable), e.g. `--poll 0`.
+    llama_extra: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        threads: 2,
+        context: None,
+        json: false,
+        gguf: None,
+        model: None,
+        onebit_extra: Vec::new(),
+        llama_extra: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .with_context(|| format!("bench-peer: {name} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--" => {
+                o.onebit_extra.extend(it.by_ref().cloned());
+                break;
+            }
+            "--threads" => {
+                o.threads = value("--threads")?
+                    .parse()
+                    .context("bench-peer: --threads takes a positive integer")?;
+                if o.threads == 0 {
+                    bail!("bench-peer: --threads takes a positive integer");
+                }
+            }
+            "--context" => {
+                o.context = Some(
+                    value("--context")?
+                        .parse()
+                        .context("bench-peer: --context takes a token count")?,
+                )
+            }
+            "--gguf" => o.gguf = Some(value("--gguf")?.into()),
+            "--model" => o.model = Some(value("--model")?.into()),
+            "--json" => o.json = true,
+            "--llama-bench-arg" => o.llama_extra.push(value("--llama-bench-arg")?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("bench-peer: unknown argument '{other}'\n{USAGE}"),
+        }
+    }
+    if o.gguf.is_some() != o.model.is_some() {
+        bail!("bench-peer: --gguf and --model go together (the GGUF for llama.cpp and the onebit package converted from it)");
+    }
+    Ok(o)
+}
+
+/// Progress goes to stderr so that `--json` leaves one object on stdout.
+macro_rules! step {
+    ($($t:tt)*) => { eprintln!("bench-peer: {}", format!($($t)*)) };
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let o = parse(args)?;
+    let root = crate::workspace_root();
+    let peer = root.join("target/peer");
+    std::fs::create_dir_all(&peer)
+        .with_context(|| format!("bench-peer: cannot create {}", peer.display()))?;
+
+    step!("[1/5] model");
+    let (gguf, model) = match (&o.gguf, &o.model) {
+        (Some(g), Some(m)) => (g.clone(), m.clone()),
+        _ => {
+            let gguf = crate::models::models_dir().join(crate::models::SMOLLM2_GGUF);
+            let pkg = crate::models::smollm2_package();
+            if !gguf.exists() || !pkg.join("model.q4nx").exists() {
+                crate::models::fetch_smollm2()
+                    .context("bench-peer: step 'model' (cargo xtask fetch-model smollm2) failed")?;
+            }
+            (gguf, pkg)
+        }
+    };
+    for p in [&gguf, &model] {
+        if !p.exists() {
+            bail!("bench-peer: step 'model': {} does not exist", p.display());
+        }
+    }
+
+    step!(
+        "[2/5] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
+        peer.display()
+    );
+    let llama_bench = ensure_llama_bench(&peer)?;
+
+    step!("[3/5] onebit (cargo build --release -p onebit)");
+    let onebit = build_onebit(&root)?;
+
+    let load_before = load_average();
+    step!("[4/5] llama-bench on {}", gguf.display());
+    let peer_rows = run_llama_bench(&llama_bench, &gguf, &o, &peer)?;
+
+    step!("[5/5] onebit bench on {}", model.display());
+    let ours = run_onebit_bench(&onebit, &model, o.threads, &o.onebit_extra)?;
+
+    let report = Report::new(&o, load_before, &root, &gguf, &model, &peer_rows, &ours)?;
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// llama-bench: sdist, tools, build.
+
+fn python() -> Result<String> {
+    for candidate in ["python3", "python"] {
+        if Command::new(candidate)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Ok(candidate.to_string());
+        }
+    }
+    bail!("bench-peer: no python3 on PATH (pip downloads llama-cpp-python, and cmake when missing)")
+}
+
+/// Runs `cmd` with its output appended to `log`; on failure prints the log's last lines
+/// and names the step, the command and the log.
+fn logged(step: &str, cmd: &mut Command, log: &Path) -> Result<()> {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("bench-peer: cannot open the log {}", log.display()))?;
+    let shown = format!("{cmd:?}");
+    let st = cmd
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .with_context(|| format!("bench-peer: step '{step}': cannot start {shown}"))?;
+    if !st.success() {
+        eprintln!("--- last 30 lines of {} ---", log.display());
+        if let Ok(f) = File::open(log) {
+            let lines: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
+            for l in &lines[lines.len().saturating_sub(30)..] {
+                eprintln!("{l}");
+            }
+        }
+        bail!(
+            "bench-peer: step '{step}' failed ({st}): {shown}; full log in {}",
+            log.display()
+        );
+    }
+    Ok(())
+}
+
+fn works(program: &Path, arg: &str) -> bool {
+    works_args(program, &[arg])
+}
+
+fn works_args(program: &Path, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The llama.cpp source tree inside the unpacked sdist, downloading it if needed.
+fn ensure_sdist(peer: &Path) -> Result<PathBuf> {
+    let src = peer.join(format!("llama-cpp-python-{LLAMA_CPP_PYTHON}"));
+    let llama = src.join("vendor/llama.cpp");
+    if llama.join("tools/llama-bench/llama-bench.cpp").exists() {
+        return Ok(llama);
+    }
+    let py = python()?;
+    let downloads = peer.join("downloads");
+    std::fs::create_dir_all(&downloads)?;
+    let tarball = downloads.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
+    let log = peer.join("download.log");
+    if !tarball.exists() {
+        step!(
+            "  pip download llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist, ~50 MB; log {})",
+            log.display()
+        );
+        // `--no-binary` names only this package: the sdist's build backend still comes
+        // as wheels (`:all:` would compile cmake from source to prepare its metadata).
+        logged(
+            "download the llama-cpp-python sdist",
+            Command::new(&py)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                ])
+                .args(["--no-binary", "llama-cpp-python", "-d"])
+                .arg(&downloads)
+                .arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")),
+            &log,
+        )?;
+        if !tarball.exists() {
+            bail!(
+                "bench-peer: pip reported success but {} is missing",
+                tarball.display()
+            );
+        }
+    }
+    step!("  unpacking {}", tarball.display());
+    let staging = peer.join("unpack.partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    let script = "import sys, tarfile\nt = tarfile.open(sys.argv[1])\n\
+                  kw = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}\n\
+                  t.extractall(sys.argv[2], **kw)\n";
+    logged(
+        "unpack the sdist",
+        Command::new(&py)
+            .arg("-c")
+            .arg(script)
+            .arg(&tarball)
+            .arg(&staging),
+        &log,
+    )?;
+    let inner = staging.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}"));
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::rename(&inner, &src).with_context(|| {
+        format!(
+            "bench-peer: cannot move {} to {}",
+            inner.display(),
+            src.display()
+        )
+    })?;
+    let _ = std::fs::remove_dir_all(&staging);
+    if !llama.join("tools/llama-bench/llama-bench.cpp").exists() {
+        bail!(
+            "bench-peer: the sdist has no vendor/llama.cpp/tools/llama-bench under {}",
+            src.display()
+        );
+    }
+    Ok(llama)
+}
+
+/// cmake and ninja: the system's, or a venv's under `target/peer/venv`.
+fn build_tools(peer: &Path) -> Result<(PathBuf, PathBuf)> {
+    let venv_bin = peer.join("venv/bin");
+    let find = |name: &str| -> Option<PathBuf> {
+        let local = venv_bin.join(name);
+        if works(&local, "--version") {
+            return Some(local);
+        }
+        works(Path::new(name), "--version").then(|| PathBuf::from(name))
+    };
+    let (cmake, ninja) = (find("cmake"), find("ninja"));
+    if let (Some(c), Some(n)) = (&cmake, &ninja) {
+        return Ok((c.clone(), n.clone()));
+    }
+    let log = peer.join("venv.log");
+    let venv = peer.join("venv");
+    // A venv whose creation was interrupted has a python but no pip: make it again.
+    if !works_args(&venv_bin.join("python"), &["-m", "pip", "--version"]) {
+        let _ = std::fs::remove_dir_all(&venv);
+        step!("  python -m venv {}", venv.display());
+        logged(
+            "create the build-tools venv",
+            Command::new(python()?).args(["-m", "venv"]).arg(&venv),
+            &log,
+        )?;
+    }
+    let mut wanted = Vec::new();
+    if cmake.is_none() {
+        wanted.push(CMAKE_PIN);
+    }
+    if ninja.is_none() {
+        wanted.push(NINJA_PIN);
+    }
+    step!("  pip install {} into {}", wanted.join(" "), venv.display());
+    logged(
+        "install cmake/ninja from PyPI",
+        Command::new(venv_bin.join("python"))
+            .args(["-m", "pip", "install", "--disable-pip-version-check"])
+            .args(["--only-binary", ":all:"])
+            .args(&wanted),
+        &log,
+    )?;
+    let c = cmake.unwrap_or_else(|| venv_bin.join("cmake"));
+    let n = ninja.unwrap_or_else(|| venv_bin.join("ninja"));
+    Ok((c, n))
+}
+
+fn ensure_llama_bench(peer: &Path) -> Result<PathBuf> {
+    let build = peer.join(format!("build-{LLAMA_CPP_PYTHON}"));
+    let bin = build.join("bin/llama-bench");
+    if bin.exists() {
+        step!("  reusing {}", bin.display());
+        return Ok(bin);
+    }
+    let llama = ensure_sdist(peer)?;
+    let (cmake, ninja) = build_tools(peer)?;
+    let log = peer.join(format!("build-{LLAMA_CPP_PYTHON}.log"));
+    let _ = std::fs::remove_file(&log);
+    step!("  cmake configure (log {})", log.display());
+    let mut configure = Command::new(&cmake);
+    configure
+        .arg("-S")
+        .arg(&llama)
+        .arg("-B")
+        .arg(&build)
+        .args(["-G", "Ninja"])
+        .arg(format!("-DCMAKE_MAKE_PROGRAM={}", ninja.display()))
+        .args([
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=OFF",
+            "-DGGML_NATIVE=ON",
+            "-DGGML_CCACHE=OFF",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=OFF",
+        ])
+        // The 0.3.16 sdist ships vendor/llama.cpp/.git (a shallow clone: the commit is
+        // right, the build number is 1); should a release ship none, the ceiling keeps
+        // llama.cpp's build-info from finding *this* repository above target/ and
+        // stamping onebit's commit on llama-bench.
+        .env("GIT_CEILING_DIRECTORIES", peer);
+    logged("cmake configure llama.cpp", &mut configure, &log)?;
+    step!("  cmake --build --target llama-bench -j 2 (several minutes on two cores)");
+    logged(
+        "build llama-bench",
+        Command::new(&cmake)
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", "llama-bench", "-j", "2"])
+            .env("GIT_CEILING_DIRECTORIES", peer),
+        &log,
+    )?;
+    if !bin.exists() {
+        bail!(
+            "bench-peer: the build finished but {} is missing; see {}",
+            bin.display(),
+            log.display()
+        );
+    }
+    Ok(bin)
+}
+
+// ---------------------------------------------------------------------------------------
+// Running both engines.
+
+fn cargo_target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_relative() { root.join(p) } else { p })
+        .unwrap_or_else(|| root.join("target"))
+}
+
+fn build_onebit(root: &Path) -> Result<PathBuf> {
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--quiet", "-p", "onebit"])
+        .current_dir(root)
+        .stdout(Stdio::from(std::io::stderr()))
+        .status()
+        .context("bench-peer: step 'onebit': cannot start cargo build --release -p onebit")?;
+    if !st.success() {
+        bail!(
+            "bench-peer: step 'onebit': cargo build --release -p onebit failed ({st}) in {}",
+            root.display()
+        );
+    }
+    let bin = cargo_target_dir(root).join("release/onebit");
+    if !bin.exists() {
+        bail!(
+            "bench-peer: step 'onebit': the build finished but {} is missing",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// One llama-bench test (a `-p`/`-n`/`-d` combination) and its speed.
+#[derive(Clone, Debug)]
+struct PeerRow {
+    n_prompt: u64,
+    n_gen: u64,
+    n_depth: u64,
+    avg_ts: f64,
+    raw: Value,
+}
+
+fn run_llama_bench(bin: &Path, gguf: &Path, o: &Options, peer: &Path) -> Result<Vec<PeerRow>> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("-m")
+        .arg(gguf)
+        .args(["-t", &o.threads.to_string()])
+        // pp1 and pp8: the 1- and 8-row passes; pp128 and tg128: prefill and decode.
+        .args(["-p", "1,8,128", "-n", "128", "-o", "json"]);
+    if let Some(n) = o.context {
+        cmd.args(["-d", &format!("0,{n}")]);
+    }
+    cmd.args(&o.llama_extra);
+    let shown = format!("{cmd:?}");
+    step!("  {shown}");
+    let log = peer.join("llama-bench.log");
+    let out = cmd
+        .stderr(File::create(&log)?)
+        .output()
+        .with_context(|| format!("bench-peer: step 'llama-bench': cannot start {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "bench-peer: step 'llama-bench' failed ({}): {shown}; its stderr is in {}",
+            out.status,
+            log.display()
+        );
+    }
+    let rows: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "bench-peer: step 'llama-bench': {shown} printed no JSON array (stderr in {})",
+            log.display()
+        )
+    })?;
+    let rows = rows
+        .as_array()
+        .context("bench-peer: llama-bench's JSON is not an array")?;
+    rows.iter()
+        .map(|r| {
+            let num = |k: &str| {
+                r.get(k)
+                    .and_then(Value::as_f64)
+                    .with_context(|| format!("bench-peer: llama-bench's JSON row lacks '{k}'"))
+            };
+            Ok(PeerRow {
+                n_prompt: num("n_prompt")? as u64,
+                n_gen: num("n_gen")? as u64,
+                n_depth: r.get("n_depth").and_then(Value::as_u64).unwrap_or(0),
+                avg_ts: num("avg_ts")?,
+                raw: r.clone(),
+            })
+        })
+        .collect()
+}
+
+fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) -> Result<Value> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("bench")
+        .arg("--model")
+        .arg(model)
+        .args(["--json", "--threads", &threads.to_string()]);
+    // The same work as llama-bench's pp128 and tg128, unless the caller chose otherwise.
+    for (flag, v) in [("--prefill-tokens", "128"), ("--decode-tokens", "128")] {
+        if !extra
+            .iter()
+            .any(|e| e == flag || e.starts_with(&format!("{flag}=")))
+        {
+            cmd.args([flag, v]);
+        }
+    }
+    cmd.args(extra);
+    let shown = format!("{cmd:?}");
+    step!("  {shown}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("bench-peer: step 'onebit bench': cannot start {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "bench-peer: step 'onebit bench' failed ({}): {shown}",
+            out.status
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| {
+            format!("bench-peer: step 'onebit bench': {shown} printed no JSON object")
+        })?;
+    serde_json::from_str(line)
+        .with_context(|| format!("bench-peer: step 'onebit bench': cannot parse its JSON: {line}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// The report.
+
+/// The figures one engine contributes to a table (None: not measured).
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    decode_tps: Option<f64>,
+    prefill_tps: Option<f64>,
+    pass1_ms: Option<f64>,
+    pass8_ms: Option<f64>,
+}
+
+impl Figures {
+    fn cost_8_vs_1(&self) -> Option<f64> {
+        Some(self.pass8_ms? / self.pass1_ms?)
+    }
+
+    fn from_peer(rows: &[PeerRow], depth: u64) -> Self {
+        let find = |p: u64, g: u64| {
+            rows.iter()
+                .find(|r| r.n_prompt == p && r.n_gen == g && r.n_depth == depth)
+                .map(|r| r.avg_ts)
+        };
+        Figures {
+            decode_tps: find(0, 128),
+            prefill_tps: find(128, 0),
+            pass1_ms: find(1, 0).map(|ts| 1e3 / ts),
+            pass8_ms: find(8, 0).map(|ts| 8e3 / ts),
+        }
+    }
+
+    fn from_onebit(v: &Value) -> Self {
+        let pass = |n: u64| {
+            v["passes"]
+                .as_array()?
+                .iter()
+                .find(|p| p["rows"].as_u64() == Some(n))?["ms"]
+                .as_f64()
+        };
+        Figures {
+            decode_tps: v["decode_tokens_per_second"].as_f64(),
+            prefill_tps: v["prefill_tokens_per_second"].as_f64(),
+            pass1_ms: pass(1),
+            pass8_ms: pass(8),
+        }
+    }
+}
+
+/// The table's rows: name, which way is better, and the getter.
+type Getter = fn(&Figures) -> Option<f64>;
+const ROWS: &[(&str, &str, &str, Getter)] = &[
+    (
+        "decode tok/s",
+        "decode_tokens_per_second",
+        "higher is better",
+        |f| f.decode_tps,
+    ),
+    (
+        "prefill 128 tok/s",
+        "prefill_128_tokens_per_second",
+        "higher is better",
+        |f| f.prefill_tps,
+    ),
+    ("1-row pass ms", "pass_1_row_ms", "lower is better", |f| {
+        f.pass1_ms
+    }),
+    ("8-row pass ms", "pass_8_rows_ms", "lower is better", |f| {
+        f.pass8_ms
+    }),
+    (
+        "8-row / 1-row cost",
+        "cost_8_rows_vs_1",
+        "lower is better",
+        |f| f.cost_8_vs_1(),
+    ),
+];
+
+struct Report {
+    cpu: String,
+    /// /proc/loadavg's 1-minute figure before and after the runs.
+    load: (f64, f64),
+    isa: Vec<(&'static str, bool)>,
+    threads: usize,
+    llama_version: String,
+    onebit_commit: String,
+    gguf: PathBuf,
+    model: PathBuf,
+    onebit_extra: Vec<String>,
+    llama_extra: Vec<String>,
+    context: Option<usize>,
+    peer: Figures,
+    peer_deep: Option<Figures>,
+    ours: Figures,
+    onebit_raw: Value,
+    peer_raw: Vec<Value>,
+}
+
+const ISA: &[&str] = &["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni"];
+
+fn cpu_info() -> (String, Vec<(&'static str, bool)>) {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let model = field("model name").unwrap_or_else(|| "unknown CPU".into());
+    let flags = field("flags").unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    (model, ISA.iter().map(|f| (*f, flags.contains(f))).collect())
+}
+
+/// The 1-minute load average (0 when /proc/loadavg is unreadable).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn onebit_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head} (with uncommitted changes)")
+    } else {
+        head
+    }
+}
+
+impl Report {
+    fn new(
+        o: &Options,
+        load_before: f64,
+        root: &Path,
+        gguf: &Path,
+        model: &Path,
+        peer_rows: &[PeerRow],
+        onebit: &Value,
+    ) -> Result<Self> {
+        let (cpu, isa) = cpu_info();
+        let first = peer_rows
+            .first()
+            .context("bench-peer: llama-bench printed no results")?;
+        let commit = first.raw["build_commit"].as_str().unwrap_or("unknown");
+        let llama_version =
+            format!("commit {commit} (vendored by llama-cpp-python {LLAMA_CPP_PYTHON})");
+        Ok(Report {
+            cpu,
+            load: (load_before, load_average()),
+            isa,
+            threads: o.threads,
+            llama_version,
+            onebit_commit: onebit_commit(root),
+            gguf: gguf.to_path_buf(),
+            model: model.to_path_buf(),
+            onebit_extra: o.onebit_extra.clone(),
+            llama_extra: o.llama_extra.clone(),
+            context: o.context,
+            peer: Figures::from_peer(peer_rows, 0),
+            peer_deep: o.context.map(|n| Figures::from_peer(peer_rows, n as u64)),
+            ours: Figures::from_onebit(onebit),
+            onebit_raw: onebit.clone(),
+            peer_raw: peer_rows.iter().map(|r| r.raw.clone()).collect(),
+        })
+    }
+
+    fn isa_line(&self) -> String {
+        self.isa
+            .iter()
+            .map(|(f, on)| format!("{f}{}", if *on { "+" } else { "-" }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn print(&self) {
+        let fmt = |v: Option<f64>| match v {
+            Some(x) if x >= 100.0 => format!("{x:.1}"),
+            Some(x) => format!("{x:.3}"),
+            None => "-".into(),
+        };
+        println!("CPU:      {}", self.cpu);
+        println!("ISA:      {}", self.isa_line());
+        println!("threads:  {}", self.threads);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!(
+            "load:     {:.1} before, {:.1} after ({cores} cores){}",
+            self.load.0,
+            self.load.1,
+            if self.load.0.max(self.load.1) > cores as f64 {
+                "; the machine was busy: figures are noisy, and spinning thread barriers (llama.cpp's) suffer most (--threads 1 has none)"
+            } else {
+                ""
+            }
+        );
+        println!("llama.cpp: {}", self.llama_version);
+        if !self.llama_extra.is_empty() {
+            println!("llama-bench flags: {}", self.llama_extra.join(" "));
+        }
+        println!("onebit:   commit {}", self.onebit_commit);
+        println!("GGUF:     {}", self.gguf.display());
+        println!("package:  {}", self.model.display());
+        if !self.onebit_extra.is_empty() {
+            println!("onebit bench flags: {}", self.onebit_extra.join(" "));
+        }
+        println!();
+        println!(
+            "{:<20} {:>11} {:>11} {:>17}  note",
+            "figure", "llama.cpp", "onebit", "onebit/llama.cpp"
+        );
+        for (name, _, better, get) in ROWS {
+            let (p, ours) = (get(&self.peer), get(&self.ours));
+            let ratio = p.zip(ours).map(|(p, o)| format!("{:.2}", o / p));
+            let note = if better.starts_with("higher") {
+                "higher is better; ratio > 1: onebit faster"
+            } else if name.starts_with('8') && name.contains('/') {
+                "lower: rows amortize better; ratio < 1: onebit amortizes better"
+            } else {
+                "lower is better; ratio < 1: onebit faster"
+            };
+            println!(
+                "{:<20} {:>11} {:>11} {:>17}  {note}",
+                name,
+                fmt(p),
+                fmt(ours),
+                ratio.unwrap_or_else(|| "-".into())
+            );
+        }
+        println!();
+        println!("llama.cpp: tg128 (decode), pp128 (prefill), pp1 and pp8 (a pass of n rows = n / pp_n tok/s), each the mean of 5 runs from an empty KV cache.");
+        println!("onebit bench: prefill best of 2; decode steps after the prompt; n-row passes best of 12 after those, rolled back each time.");
+        if let (Some(n), Some(deep)) = (self.context, &self.peer_deep) {
+            println!();
+            println!("at context {n} (llama-bench -d {n}):");
+            println!("{:<20} {:>11} {:>11}", "figure", "llama.cpp", "onebit");
+            for (name, _, _, get) in ROWS {
+                println!("{:<20} {:>11} {:>11}", name, fmt(get(deep)), "-");
+            }
+            println!("onebit: not measured (onebit bench has no --context yet)");
+        }
+    }
+
+    fn json(&self) -> Value {
+        let table = |ours: Option<&Figures>, peer: &Figures| -> Value {
+            let mut m = serde_json::Map::new();
+            for (_, key, better, get) in ROWS {
+                let (p, o) = (get(peer), ours.and_then(get));
+                m.insert(
+                    key.to_string(),
+                    json!({
+                        "llama_cpp": p,
+                        "onebit": o,
+                        "onebit_over_llama_cpp": p.zip(o).map(|(p, o)| o / p),
+                        "better": better,
+                    }),
+                );
+            }
+            Value::Object(m)
+        };
+        json!({
+            "cpu": self.cpu,
+            "isa": self.isa.iter().map(|(f, on)| (f.to_string(), json!(on))).collect::<serde_json::Map<_, _>>(),
+            "threads": self.threads,
+            "load_average_1min": {"before": self.load.0, "after": self.load.1},
+            "llama_cpp": self.llama_version,
+            "llama_cpp_python": LLAMA_CPP_PYTHON,
+            "onebit_commit": self.onebit_commit,
+            "gguf": self.gguf.display().to_string(),
+            "model": self.model.display().to_string(),
+            "onebit_bench_flags": self.onebit_extra,
+            "llama_bench_flags": self.llama_extra,
+            "figures": table(Some(&self.ours), &self.peer),
+            "context": self.context.zip(self.peer_deep.as_ref()).map(|(n, deep)| json!({
+                "tokens": n,
+                "figures": table(None, deep),
+                "onebit": "not measured (onebit bench has no --context yet)",
+            })),
+            "llama_bench_raw": self.peer_raw,
+            "onebit_bench_raw": self.onebit_raw,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(p: u64, g: u64, d: u64, ts: f64) -> PeerRow {
+        PeerRow {
+            n_prompt: p,
+            n_gen: g,
+            n_depth: d,
+            avg_ts: ts,
+            raw: Value::Null,
+        }
+    }
+
+    #[test]
+    fn peer_figures_turn_pp_speeds_into_pass_times() {
+        let rows = [
+            row(1, 0, 0, 100.0),
+            row(8, 0, 0, 400.0),
+            row(128, 0, 0, 1000.0),
+            row(0, 128, 0, 90.0),
+            row(1, 0, 512, 50.0),
+        ];
+        let f = Figures::from_peer(&rows, 0);
+        assert_eq!(f.decode_tps, Some(90.0));
+        assert_eq!(f.prefill_tps, Some(1000.0));
+        assert_eq!(f.pass1_ms, Some(10.0));
+        assert_eq!(f.pass8_ms, Some(20.0));
+        assert_eq!(f.cost_8_vs_1(), Some(2.0));
+        let deep = Figures::from_peer(&rows, 512);
+        assert_eq!(deep.pass1_ms, Some(20.0));
+        assert_eq!(deep.pass8_ms, None);
+        assert_eq!(deep.cost_8_vs_1(), None);
+    }
+
+    #[test]
+    fn onebit_figures_come_from_its_bench_json() {
+        let v = json!({
+            "prefill_tokens_per_second": 500.0,
+            "decode_tokens_per_second": 80.0,
+            "passes": [{"rows": 1, "ms": 12.0}, {"rows": 8, "ms": 30.0}],
+        });
+        let f = Figures::from_onebit(&v);
+        assert_eq!(f.prefill_tps, Some(500.0));
+        assert_eq!(f.decode_tps, Some(80.0));
+        assert_eq!(f.cost_8_vs_1(), Some(2.5));
+    }
+
+    #[test]
+    fn arguments() {
+        let a = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = parse(&a(
+            "--threads 4 --context 2048 --json --llama-bench-arg --poll --llama-bench-arg 0 -- --head tiles",
+        ))
+        .unwrap();
+        assert_eq!((o.threads, o.context, o.json), (4, Some(2048), true));
+        assert_eq!(o.llama_extra, a("--poll 0"));
+        assert_eq!(o.onebit_extra, a("--head tiles"));
+        assert!(parse(&a("--gguf x.gguf")).is_err());
+        assert!(parse(&a("--threads 0")).is_err());
+        assert!(parse(&a("--bogus")).is_err());
+    }
+}
