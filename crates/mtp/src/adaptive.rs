@@ -17,8 +17,10 @@ use npu_runtime::{Forward, TargetError};
 /// Row counts past this are not tracked (a verify pass is `k + 1` rows).
 pub const MAX_TRACKED_ROWS: usize = 64;
 
-/// Weight of a new timing in the running estimate of a pass cost.
-const COST_EMA: f64 = 0.2;
+/// Weight of a new timing in the running estimate of a pass cost: timings below the
+/// estimate count more than timings above it (a busy machine only ever adds time).
+const COST_EMA_DOWN: f64 = 0.3;
+const COST_EMA_UP: f64 = 0.1;
 
 /// Seconds per target pass, by row count.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -52,7 +54,8 @@ impl PassCosts {
     }
 
     /// A timed pass of `rows` rows: folded into that row count's running estimate
-    /// (a single timing counts at most 3x the estimate, so one stall does not swing it).
+    /// (slower timings weigh less, and one counts at most 2x the estimate, so a stall
+    /// does not swing it).
     pub fn record(&mut self, rows: usize, seconds: f64) {
         if !(1..=MAX_TRACKED_ROWS).contains(&rows) || !seconds.is_finite() || seconds <= 0.0 {
             return;
@@ -60,7 +63,8 @@ impl PassCosts {
         let slot = self.slot(rows);
         *slot = Some(match *slot {
             None => seconds,
-            Some(old) => old + COST_EMA * (seconds.min(3.0 * old) - old),
+            Some(old) if seconds < old => old + COST_EMA_DOWN * (seconds - old),
+            Some(old) => old + COST_EMA_UP * (seconds.min(2.0 * old) - old),
         });
     }
 
@@ -74,17 +78,18 @@ impl PassCosts {
     }
 
     /// The cost of an n-row pass: the estimate when there is one; otherwise linear
-    /// between the nearest known row counts, flat below the smallest, and beyond the
-    /// largest along the slope of the last two (never falling). `None` when nothing
-    /// is known.
+    /// between the nearest known row counts, proportional to the rows below the
+    /// smallest (the pessimistic guess, so a run without a calibration soon times a
+    /// plain step), and beyond the largest along the slope of the last two (never
+    /// falling). `None` when nothing is known.
     pub fn cost(&self, rows: usize) -> Option<f64> {
         let points = self.points();
         let (&first, &last) = (points.first()?, points.last()?);
         if let Some(&(_, c)) = points.iter().find(|p| p.0 == rows) {
             return Some(c);
         }
-        if rows <= first.0 {
-            return Some(first.1);
+        if rows < first.0 {
+            return Some(first.1 * rows as f64 / first.0 as f64);
         }
         if rows >= last.0 {
             if points.len() < 2 {
@@ -101,11 +106,16 @@ impl PassCosts {
     }
 
     /// `[n - 1]`: the cost of an n-row pass for n = 1..=max_rows (all 1.0 when
-    /// nothing is known: only ratios matter to the choice).
+    /// nothing is known: only ratios matter to the choice), never more for fewer rows
+    /// (a stale or stalled timing of a small pass is capped by the larger passes).
     pub fn table(&self, max_rows: usize) -> Vec<f64> {
-        (1..=max_rows)
+        let mut t: Vec<f64> = (1..=max_rows)
             .map(|n| self.cost(n).unwrap_or(1.0))
-            .collect()
+            .collect();
+        for i in (0..t.len().saturating_sub(1)).rev() {
+            t[i] = t[i].min(t[i + 1]);
+        }
+        t
     }
 }
 

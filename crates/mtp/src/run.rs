@@ -83,9 +83,7 @@ pub fn run(
     let mut draft_cost: Option<f64> = None;
     let t0 = Instant::now();
     let logits = base.forward(prompt)?;
-    let secs = t0.elapsed().as_secs_f64();
-    stats.target_seconds += secs;
-    costs.record(prompt.len(), secs);
+    stats.target_seconds += t0.elapsed().as_secs_f64();
     let s0 = Instant::now();
     let mut next = sampler.pick(row(&logits, vocab, prompt.len() - 1));
     stats.sampling_seconds += s0.elapsed().as_secs_f64();

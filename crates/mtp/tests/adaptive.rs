@@ -241,20 +241,29 @@ fn pass_costs_interpolate_and_follow_timings() {
         (c.cost(10).unwrap() - 0.022).abs() < 1e-12,
         "the last slope"
     );
-    assert_eq!(PassCosts::from_points(&[(4, 0.02)]).cost(1), Some(0.02));
+    assert_eq!(PassCosts::from_points(&[(4, 0.02)]).cost(1), Some(0.005));
     assert_eq!(PassCosts::from_points(&[(4, 0.02)]).cost(9), Some(0.02));
     // A falling pair never extrapolates below the last point.
     assert_eq!(
         PassCosts::from_points(&[(2, 0.03), (3, 0.02)]).cost(7),
         Some(0.02)
     );
-    // Timings move the estimate a fifth of the way; one stall counts as 3x at most.
+    // A slower timing moves the estimate a tenth of the way (a stall counts as 2x at
+    // most), a faster one three tenths.
     c.record(4, 0.026);
-    assert!((c.cost(4).unwrap() - 0.018).abs() < 1e-12);
+    assert!((c.cost(4).unwrap() - 0.017).abs() < 1e-12);
+    c.record(4, 0.007);
+    assert!((c.cost(4).unwrap() - 0.014).abs() < 1e-12);
     c.record(1, 1.0);
-    assert!((c.cost(1).unwrap() - (0.010 + 0.2 * 0.020)).abs() < 1e-12);
+    assert!((c.cost(1).unwrap() - 0.011).abs() < 1e-12);
     c.record(2, 0.011);
     assert_eq!(c.cost(2), Some(0.011));
+    // The table never charges fewer rows more than more rows.
+    let stalled = PassCosts::from_points(&[(1, 0.030), (2, 0.012), (8, 0.020)]);
+    assert_eq!(stalled.cost(1), Some(0.030));
+    let t = stalled.table(3);
+    assert_eq!(t[..2], [0.012, 0.012]);
+    assert!((t[2] - (0.012 + 0.008 / 6.0)).abs() < 1e-12, "{t:?}");
     // Out of range or nonsense timings are ignored.
     let before = c.clone();
     c.record(0, 0.1);
