@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use npu_runtime::{Forward, TargetError};
 
-use crate::adaptive::{AdaptiveConfig, AdaptiveK, Choice, PassCosts, MAX_TRACKED_ROWS};
+use crate::adaptive::{AdaptiveConfig, AdaptiveK, Choice, MAX_TRACKED_ROWS};
 use crate::head::DraftHead;
 use crate::sample::{Sampler, SamplingConfig};
 use crate::stats::Stats;
@@ -74,7 +74,7 @@ pub fn run(
     }
     // Adaptive k: pass costs by row count (calibrated, then timed as the run goes),
     // the draft round's cost (timed), the policy's acceptance state.
-    let mut costs: PassCosts = options
+    stats.pass_costs = options
         .adaptive
         .as_ref()
         .and_then(|a| a.calibration.clone())
@@ -131,7 +131,7 @@ pub fn run(
             Some(p) if head.is_some() => {
                 let cap = options.draft_max.min(room).min(MAX_TRACKED_ROWS - 1);
                 p.choose(
-                    &costs.table(cap + 1),
+                    &stats.pass_costs.table(cap + 1),
                     draft_cost.unwrap_or(0.0),
                     cap,
                     two_pass,
@@ -150,7 +150,7 @@ pub fn run(
             let l = base.forward(&[next])?;
             let secs = t.elapsed().as_secs_f64();
             stats.target_seconds += secs;
-            costs.record(1, secs);
+            stats.pass_costs.record(1, secs);
             if let Some(h) = head.as_deref_mut() {
                 h.observe_hidden(base.last_hidden());
             }
@@ -196,7 +196,7 @@ pub fn run(
             let l = base.forward(&[next])?;
             let secs = t.elapsed().as_secs_f64();
             stats.target_seconds += secs;
-            costs.record(1, secs);
+            stats.pass_costs.record(1, secs);
             let s = Instant::now();
             next = sampler.pick(&l);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
@@ -222,7 +222,7 @@ pub fn run(
         let logits = base.forward(&batch)?;
         let secs = t.elapsed().as_secs_f64();
         stats.target_seconds += secs;
-        costs.record(batch.len(), secs);
+        stats.pass_costs.record(batch.len(), secs);
         let s = Instant::now();
         let draft_probs = head.as_deref().and_then(|h| h.draft_probabilities());
         let (accepted, following) = crate::verify::verify(

@@ -1,5 +1,7 @@
 //! Per-run statistics of speculative decoding.
 
+use crate::adaptive::PassCosts;
+
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
@@ -24,6 +26,9 @@ pub struct Stats {
     pub probes: usize,
     /// Shadow probes: a cheap draft compared with a plain step's token, not verified.
     pub shadow_probes: usize,
+    /// Target pass seconds by row count at the end of the run (the calibration, then
+    /// every timed pass folded in).
+    pub pass_costs: PassCosts,
 }
 
 impl Stats {

@@ -18,6 +18,7 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
             "--json",
             "--draft-max",
             "7",
+            "--fixed-k",
         ])
         .arg("--model")
         .arg(&target)
