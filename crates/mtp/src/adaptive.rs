@@ -133,7 +133,7 @@ pub fn calibrate(
         .into_iter()
         .filter(|&n| n <= max_rows.min(MAX_TRACKED_ROWS))
         .collect();
-    if max_rows >= 1 && max_rows <= MAX_TRACKED_ROWS && !rows.contains(&max_rows) {
+    if (1..=MAX_TRACKED_ROWS).contains(&max_rows) && !rows.contains(&max_rows) {
         rows.push(max_rows);
     }
     base.forward(&[token])?;
