@@ -284,7 +284,7 @@ pub const MUTANTS: &[Mutant] = &[
         name: "adaptive-k-ignores-acceptance",
         file: "crates/mtp/src/adaptive.rs",
         find: "let p = acceptance.get(j).copied().unwrap_or(0.0);",
-        replace: "let p = acceptance.get(j).map_or(1.0, |_| 1.0);",
+        replace: "let p = acceptance.get(j).map_or(1.0_f64, |_| 1.0);",
         tests: &["-p", "mtp", "--test", "adaptive", "--test", "lookup"],
         also: None,
     },
