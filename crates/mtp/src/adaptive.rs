@@ -119,9 +119,9 @@ impl PassCosts {
     }
 }
 
-/// Times target passes of 1, 2, 3, 4, 6, 8, 12, ... and `max_rows` rows (best of
-/// `reps` each, after one untimed warm-up pass) and rolls the target back to where it
-/// was. Run it before a drafter's layer taps are set: the passes would write tap rows.
+/// Times target passes of 1, 2, 4, 8, ... and `max_rows` rows (best of `reps` each,
+/// after one untimed warm-up pass) and rolls the target back to where it was; the rows
+/// between are interpolated until the run times them. Run it before a drafter's layer taps are set: the passes would write tap rows.
 pub fn calibrate(
     base: &mut dyn Forward,
     max_rows: usize,
@@ -129,7 +129,7 @@ pub fn calibrate(
 ) -> Result<PassCosts, TargetError> {
     let start = base.position();
     let token = base.config().bos_token_id.unwrap_or(0);
-    let mut rows: Vec<usize> = [1usize, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    let mut rows: Vec<usize> = [1usize, 2, 4, 8, 16, 32, 64]
         .into_iter()
         .filter(|&n| n <= max_rows.min(MAX_TRACKED_ROWS))
         .collect();

@@ -143,7 +143,7 @@ pub fn adaptive_config(
         return Ok((None, 0.0));
     }
     let start = Instant::now();
-    let calibration = mtp::calibrate(target, draft_max + 1, 2)?;
+    let calibration = mtp::calibrate(target, draft_max + 1, 1)?;
     Ok((
         Some(mtp::AdaptiveConfig {
             calibration: Some(calibration),

@@ -64,8 +64,8 @@ fn run_lookup_text_equals_plain_and_reports_statistics() {
                 assert_eq!(s["calibration_seconds"], 0.0);
             } else {
                 assert!(s["calibration_seconds"].as_f64().unwrap() > 0.0);
-                // Calibrated rows 1, 2, 3, 4 (and 6) at least.
-                assert!(s["pass_costs"].as_array().unwrap().len() >= 4);
+                // Calibrated rows 1, 2 and draft_max + 1 at least.
+                assert!(s["pass_costs"].as_array().unwrap().len() >= 3);
                 assert!(s["speedup_vs_plain_estimate"].as_f64().unwrap() > 0.0);
             }
             let share = s["draft_share"].as_f64().unwrap();
