@@ -146,6 +146,7 @@ fn sim_backend_runs_the_dflash_reference_pair_like_the_cpu() {
                 "--json",
                 "--draft-max",
                 "7",
+                "--fixed-k",
                 "--backend",
                 backend,
                 "--model",
