@@ -160,3 +160,29 @@ fn lookup_options_are_checked() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// Lookup keeps sampling lossless: with the same seed its tokens are plain sampling's
+/// (every emitted token is one draw from the target, in order); and it runs on the
+/// simulated NPU backend with the CPU backend's text.
+#[test]
+fn run_lookup_with_sampling_and_on_the_sim_backend() {
+    let sampling = ["--temp", "0.8", "--top-p", "0.9", "--seed", "5"];
+    let plain = run_json("tiny-qwen3", &sampling);
+    let lookup = run_json("tiny-qwen3", &[&sampling[..], &["--lookup"]].concat());
+    assert_eq!(ids(&lookup["tokens"]), ids(&plain["tokens"]));
+    let other_seed = run_json(
+        "tiny-qwen3",
+        &["--temp", "0.8", "--top-p", "0.9", "--seed", "6", "--lookup"],
+    );
+    assert_ne!(
+        ids(&other_seed["tokens"]),
+        ids(&plain["tokens"]),
+        "the seed matters"
+    );
+
+    let cpu = run_json("tiny-llama", &[]);
+    let sim = run_json("tiny-llama", &["--backend", "sim", "--lookup"]);
+    assert_eq!(ids(&sim["tokens"]), ids(&cpu["tokens"]));
+    assert!(sim["backend"].as_str().unwrap().starts_with("sim"));
+    assert!(sim["speculative"]["rounds"].as_u64().unwrap() > 0);
+}
