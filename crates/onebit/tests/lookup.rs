@@ -186,3 +186,44 @@ fn run_lookup_with_sampling_and_on_the_sim_backend() {
     assert!(sim["backend"].as_str().unwrap().starts_with("sim"));
     assert!(sim["speculative"]["rounds"].as_u64().unwrap() > 0);
 }
+
+/// The adaptive default with a DFlash draft: the text is still the reference greedy
+/// text, and the draft keeps drafting (its pass costs were calibrated before its layer
+/// taps were set, so the tap sink holds only committed rows).
+#[test]
+fn run_draft_with_adaptive_k_keeps_the_reference_text() {
+    let (_dir, target, draft) = common::reference_pair();
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,17,300,42,7,255,3,99,128,64",
+            "--max-tokens",
+            "48",
+            "--ignore-eos",
+            "--json",
+        ])
+        .arg("--model")
+        .arg(&target)
+        .arg("--draft")
+        .arg(&draft)
+        .output()
+        .unwrap();
+    let v = json_of(out);
+    let reference =
+        q4nx_format::Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
+    let spec: Vec<u64> = reference
+        .tensor("spec_tokens")
+        .unwrap()
+        .to_i64()
+        .unwrap()
+        .iter()
+        .map(|&t| t as u64)
+        .collect();
+    assert_eq!(ids(&v["tokens"]), spec[..48]);
+    let s = &v["speculative"];
+    assert_eq!(s["drafter"], "dflash");
+    assert_eq!(s["adaptive"], true);
+    assert!(s["rounds"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["accepted"].as_u64().unwrap() > 0, "{s}");
+}
