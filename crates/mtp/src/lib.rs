@@ -15,19 +15,32 @@
 //! target's distribution ([`verify::verify`]). The target's KV cache and the tap sink
 //! end every round holding exactly the committed positions. [`DFlashHead`] runs a
 //! DFlash draft as a head; [`PackageHooks`] gives it the target's embedding and head.
+//! [`LookupHead`] drafts by prompt lookup (no model).
+//!
+//! The draft length adapts by default ([`RunOptions::adaptive`]): before each round
+//! [`AdaptiveK`] picks the k (0 = a plain step) with the most expected tokens per
+//! second from the timed pass costs by row count, the draft's cost and the acceptance
+//! seen at each draft position.
 
+mod adaptive;
 mod dflash;
 mod head;
 mod hooks;
+mod lookup;
 mod oracle;
 mod run;
 pub mod sample;
 mod stats;
 pub mod verify;
 
+pub use adaptive::{
+    best_k, calibrate, expected_accepted, AcceptanceEstimate, AdaptiveConfig, AdaptiveK, Choice,
+    PassCosts,
+};
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
 pub use hooks::PackageHooks;
+pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
 pub use run::{run, RunOptions, RunOutput, StopReason};
 pub use sample::{Sampler, SamplingConfig};

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use npu_runtime::{Forward, TargetError};
 
+use crate::adaptive::{AdaptiveConfig, AdaptiveK, Choice, MAX_TRACKED_ROWS};
 use crate::head::DraftHead;
 use crate::sample::{Sampler, SamplingConfig};
 use crate::stats::Stats;
@@ -16,9 +17,13 @@ pub struct RunOptions {
     pub max_tokens: usize,
     /// Drafts per round at most (k).
     pub draft_max: usize,
+    /// `Some`: before each round choose k in 0..=draft_max from the timed pass costs,
+    /// the draft's cost and the acceptance so far ([`AdaptiveK`]; the default of
+    /// `onebit run`). `None`: always draft `draft_max` (fixed k).
     /// Tokens that end the run (not emitted).
     pub stop_tokens: Vec<u32>,
     pub sampling: SamplingConfig,
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// Why a run ended.
@@ -65,7 +70,17 @@ pub fn run(
     let mut tokens = Vec::new();
     if let Some(h) = head.as_deref_mut() {
         h.reset();
+        h.observe_tokens(prompt);
     }
+    // Adaptive k: pass costs by row count (calibrated, then timed as the run goes),
+    // the draft round's cost (timed), the policy's acceptance state.
+    stats.pass_costs = options
+        .adaptive
+        .as_ref()
+        .and_then(|a| a.calibration.clone())
+        .unwrap_or_default();
+    let mut policy = options.adaptive.clone().map(AdaptiveK::new);
+    let mut draft_cost: Option<f64> = None;
     let t0 = Instant::now();
     // Prefill: only the last prompt row's logits are used.
     let logits = base.forward_last(prompt)?;
@@ -77,12 +92,16 @@ pub fn run(
     // `next` is committed but not yet run through the target; it sits at `position()`.
     let emit = |t: u32,
                 tokens: &mut Vec<u32>,
+                head: &mut Option<&mut dyn DraftHead>,
                 on_token: &mut dyn FnMut(u32) -> bool|
      -> Option<StopReason> {
         if options.stop_tokens.contains(&t) {
             return Some(StopReason::StopToken);
         }
         tokens.push(t);
+        if let Some(h) = head.as_deref_mut() {
+            h.observe_tokens(&[t]);
+        }
         if !on_token(t) {
             return Some(StopReason::Callback);
         }
@@ -99,7 +118,7 @@ pub fn run(
         });
     }
     loop {
-        if let Some(stop) = emit(next, &mut tokens, on_token) {
+        if let Some(stop) = emit(next, &mut tokens, &mut head, on_token) {
             return Ok(RunOutput {
                 tokens,
                 stop,
@@ -107,19 +126,39 @@ pub fn run(
             });
         }
         let two_pass = head.as_deref().is_some_and(|h| h.needs_last_hidden());
+        // How many drafts this round: `draft_max`, or the adaptive choice.
+        let room = options.max_tokens - tokens.len();
+        let choice = match policy.as_mut() {
+            Some(p) if head.is_some() => {
+                let cap = options.draft_max.min(room).min(MAX_TRACKED_ROWS - 1);
+                p.choose(
+                    &stats.pass_costs.table(cap + 1),
+                    draft_cost.unwrap_or(0.0),
+                    cap,
+                    two_pass,
+                )
+            }
+            _ => Choice {
+                k: options.draft_max,
+                probe: false,
+                shadow: false,
+            },
+        };
 
         // Two-pass heads need the last hidden state: run `next` first.
-        if two_pass && options.draft_max > 0 {
+        if two_pass && choice.k > 0 {
             let t = Instant::now();
             let l = base.forward(&[next])?;
-            stats.target_seconds += t.elapsed().as_secs_f64();
+            let secs = t.elapsed().as_secs_f64();
+            stats.target_seconds += secs;
+            stats.pass_costs.record(1, secs);
             if let Some(h) = head.as_deref_mut() {
                 h.observe_hidden(base.last_hidden());
             }
             let s = Instant::now();
             let following = sampler.pick(&l);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
-            if let Some(stop) = emit(following, &mut tokens, on_token) {
+            if let Some(stop) = emit(following, &mut tokens, &mut head, on_token) {
                 return Ok(RunOutput {
                     tokens,
                     stop,
@@ -131,26 +170,49 @@ pub fn run(
         // Never draft past the end: `emit` stopped at max_tokens, so at least one token
         // is left; k drafts and the target's own token fill at most k + 1 of the room
         // (the last one may go unused).
-        let k = options.draft_max.min(options.max_tokens - tokens.len());
+        let k = choice.k.min(options.max_tokens - tokens.len());
+        if head.is_some() {
+            stats.record_k(k);
+        }
+        stats.probes += choice.probe as usize;
         let pos_next = base.position();
+        let asked = if k > 0 { k } else { choice.shadow as usize };
         let drafts = match head.as_deref_mut() {
-            Some(h) if k > 0 => {
+            Some(h) if asked > 0 => {
                 let t = Instant::now();
-                let d = h.draft(pos_next + 1, next, k);
-                stats.draft_seconds += t.elapsed().as_secs_f64();
+                let d = h.draft(pos_next + 1, next, asked);
+                let secs = t.elapsed().as_secs_f64();
+                stats.draft_seconds += secs;
+                draft_cost = Some(match draft_cost {
+                    Some(c) => c + 0.2 * (secs - c),
+                    None => secs,
+                });
                 d.unwrap_or_default()
             }
             _ => Vec::new(),
         };
-        if drafts.is_empty() {
+        if k == 0 || drafts.is_empty() {
             // Plain step.
             let t = Instant::now();
             let l = base.forward(&[next])?;
-            stats.target_seconds += t.elapsed().as_secs_f64();
+            let secs = t.elapsed().as_secs_f64();
+            stats.target_seconds += secs;
+            stats.pass_costs.record(1, secs);
             let s = Instant::now();
             next = sampler.pick(&l);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
             stats.plain_steps += 1;
+            if let Some(p) = policy.as_mut() {
+                match drafts.first() {
+                    // A shadow probe: would the draft have been accepted?
+                    Some(&d) if k == 0 => {
+                        stats.shadow_probes += 1;
+                        p.record_shadow(d == next);
+                    }
+                    _ if k > 0 => p.record_empty(),
+                    _ => {}
+                }
+            }
             continue;
         }
         // Verify [next, d1..dk] in one batch.
@@ -159,7 +221,9 @@ pub fn run(
         batch.extend(&drafts);
         let t = Instant::now();
         let logits = base.forward(&batch)?;
-        stats.target_seconds += t.elapsed().as_secs_f64();
+        let secs = t.elapsed().as_secs_f64();
+        stats.target_seconds += secs;
+        stats.pass_costs.record(batch.len(), secs);
         let s = Instant::now();
         let draft_probs = head.as_deref().and_then(|h| h.draft_probabilities());
         let (accepted, following) = crate::verify::verify(
@@ -175,8 +239,11 @@ pub fn run(
             h.commit_rows(accepted + 1);
         }
         stats.record_round(drafts.len(), accepted);
+        if let Some(p) = policy.as_mut() {
+            p.record_round(drafts.len(), accepted);
+        }
         for &d in &drafts[..accepted] {
-            if let Some(stop) = emit(d, &mut tokens, on_token) {
+            if let Some(stop) = emit(d, &mut tokens, &mut head, on_token) {
                 // Positions past the stop are not part of the committed stream.
                 return Ok(RunOutput {
                     tokens,

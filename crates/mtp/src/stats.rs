@@ -1,5 +1,7 @@
 //! Per-run statistics of speculative decoding.
 
+use crate::adaptive::PassCosts;
+
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
@@ -17,6 +19,16 @@ pub struct Stats {
     pub target_seconds: f64,
     pub draft_seconds: f64,
     pub sampling_seconds: f64,
+    /// `[k]`: rounds for which the loop chose k drafts (0: a plain step by choice;
+    /// the drafter may still have offered fewer). Empty without a drafter.
+    pub k_histogram: Vec<usize>,
+    /// Paid probes: 1-draft rounds run although the estimates said drafting does not pay.
+    pub probes: usize,
+    /// Shadow probes: a cheap draft compared with a plain step's token, not verified.
+    pub shadow_probes: usize,
+    /// Target pass seconds by row count at the end of the run (the calibration, then
+    /// every timed pass folded in).
+    pub pass_costs: PassCosts,
 }
 
 impl Stats {
@@ -34,6 +46,23 @@ impl Stats {
             if i < accepted {
                 self.accepted_at[i] += 1;
             }
+        }
+    }
+
+    pub(crate) fn record_k(&mut self, k: usize) {
+        if self.k_histogram.len() <= k {
+            self.k_histogram.resize(k + 1, 0);
+        }
+        self.k_histogram[k] += 1;
+    }
+
+    /// The draft's share of the time the loop spent (target, draft and sampling).
+    pub fn draft_share(&self) -> f64 {
+        let busy = self.target_seconds + self.draft_seconds + self.sampling_seconds;
+        if busy > 0.0 {
+            self.draft_seconds / busy
+        } else {
+            0.0
         }
     }
 
@@ -74,5 +103,19 @@ mod tests {
         assert_eq!(s.acceptance_by_position(), vec![0.75, 0.5, 1.0 / 3.0, 0.0]);
         // (6 accepted + 4 own tokens) / 4 rounds.
         assert_eq!(s.tokens_per_round(), 2.5);
+    }
+
+    #[test]
+    fn k_histogram_and_draft_share() {
+        let mut s = Stats::default();
+        assert_eq!(s.draft_share(), 0.0);
+        for k in [0, 3, 3, 0, 1, 0] {
+            s.record_k(k);
+        }
+        assert_eq!(s.k_histogram, vec![3, 1, 0, 2]);
+        s.target_seconds = 3.0;
+        s.draft_seconds = 0.5;
+        s.sampling_seconds = 0.5;
+        assert_eq!(s.draft_share(), 0.125);
     }
 }

@@ -52,6 +52,7 @@ fn reference_trace_through_the_mtp_loop() {
     let options = RunOptions {
         max_tokens: 64,
         draft_max: 7,
+        adaptive: None,
         stop_tokens: vec![],
         sampling: SamplingConfig {
             temperature: 0.0,

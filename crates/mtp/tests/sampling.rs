@@ -150,6 +150,7 @@ fn histogram(mut head: impl FnMut(u64) -> Option<Box<dyn DraftHead>>, trials: u6
         let options = RunOptions {
             max_tokens: 3,
             draft_max: 3,
+            adaptive: None,
             stop_tokens: vec![],
             sampling: SamplingConfig {
                 temperature: 1.0,
@@ -244,6 +245,7 @@ fn two_pass_round_keeps_greedy_text() {
     let greedy = RunOptions {
         max_tokens: 40,
         draft_max: 3,
+        adaptive: None,
         stop_tokens: vec![],
         sampling: SamplingConfig {
             temperature: 0.0,
@@ -342,6 +344,7 @@ fn stats_time_split_is_positive_and_bounded() {
     let options = RunOptions {
         max_tokens: 40,
         draft_max: 3,
+        adaptive: None,
         stop_tokens: vec![],
         sampling: SamplingConfig {
             temperature: 0.0,
@@ -400,6 +403,7 @@ fn draft_max_zero_never_consults_the_head() {
     let options = RunOptions {
         max_tokens: 12,
         draft_max: 0,
+        adaptive: None,
         stop_tokens: vec![],
         sampling: SamplingConfig {
             temperature: 0.0,

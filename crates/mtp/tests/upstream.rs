@@ -165,6 +165,7 @@ fn upstream_checks<'p, T: Forward>(
     let greedy = RunOptions {
         max_tokens: 30,
         draft_max: 7,
+        adaptive: None,
         stop_tokens: vec![],
         sampling: SamplingConfig {
             temperature: 0.0,
@@ -223,6 +224,7 @@ fn upstream_checks<'p, T: Forward>(
         };
         let opts = RunOptions {
             draft_max: k,
+            adaptive: None,
             ..greedy.clone()
         };
         let out = run(&mut target, Some(&mut checked), &prompt, &opts, &mut |_| {

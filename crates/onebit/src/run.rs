@@ -122,6 +122,42 @@ pub struct RunArgs {
     /// right) — the engine's round cost without a trained draft. Prints both texts and speeds.
     #[arg(long, value_parser = ["always", "every-third", "never"], conflicts_with = "draft")]
     pub oracle: Option<String>,
+    /// Prompt-lookup drafting (no model): draft what followed the latest earlier
+    /// occurrence of the longest suffix n-gram of prompt + output.
+    #[arg(long, conflicts_with_all = ["draft", "oracle"])]
+    pub lookup: bool,
+    /// With --lookup: the longest suffix n-gram matched (down to 1).
+    #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
+    pub lookup_ngram: usize,
+    /// Draft --draft-max tokens every round instead of choosing k (0..=--draft-max)
+    /// each round from the timed pass costs and the acceptance so far.
+    #[arg(long)]
+    pub fixed_k: bool,
+    /// With --lookup: decode plainly first, then with lookup; print both texts, whether
+    /// they are equal, and the speed-up.
+    #[arg(long, requires = "lookup")]
+    pub compare: bool,
+}
+
+/// The adaptive draft length's settings for `fixed_k`, with pass costs calibrated on
+/// `target` (before any layer taps are set), and the seconds the calibration took.
+pub fn adaptive_config(
+    fixed_k: bool,
+    target: &mut dyn Forward,
+    draft_max: usize,
+) -> Result<(Option<mtp::AdaptiveConfig>, f64)> {
+    if fixed_k || draft_max == 0 {
+        return Ok((None, 0.0));
+    }
+    let start = Instant::now();
+    let calibration = mtp::calibrate(target, draft_max + 1, 1)?;
+    Ok((
+        Some(mtp::AdaptiveConfig {
+            calibration: Some(calibration),
+            ..mtp::AdaptiveConfig::default()
+        }),
+        start.elapsed().as_secs_f64(),
+    ))
 }
 
 /// `--kernel` values.
@@ -269,7 +305,18 @@ impl DraftSetup {
 
 /// The statistics as JSON.
 pub fn stats_json(s: &mtp::Stats) -> serde_json::Value {
+    let passes: Vec<_> = s
+        .pass_costs
+        .points()
+        .iter()
+        .map(|&(rows, secs)| json!({"rows": rows, "ms": secs * 1e3}))
+        .collect();
     json!({
+        "k_histogram": s.k_histogram,
+        "probes": s.probes,
+        "shadow_probes": s.shadow_probes,
+        "draft_share": s.draft_share(),
+        "pass_costs": passes,
         "rounds": s.rounds,
         "plain_steps": s.plain_steps,
         "drafted": s.drafted,
@@ -281,9 +328,42 @@ pub fn stats_json(s: &mtp::Stats) -> serde_json::Value {
     })
 }
 
-/// The loop options `args` ask for.
+/// One line of speculative statistics for a terminal.
+pub fn stats_line(s: &mtp::Stats) -> String {
+    let by_pos: Vec<String> = s
+        .acceptance_by_position()
+        .iter()
+        .map(|a| format!("{:.0}%", a * 100.0))
+        .collect();
+    let hist: Vec<String> = s
+        .k_histogram
+        .iter()
+        .enumerate()
+        .filter(|&(_, &n)| n > 0)
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect();
+    format!(
+        "{} rounds, {} plain steps, {}/{} drafts accepted, {:.2} tokens/round, acceptance by position {} | k chosen {} ({} probes, {} shadow) | time: target {:.2} s, draft {:.3} s ({:.1}%), sampling {:.3} s",
+        s.rounds,
+        s.plain_steps,
+        s.accepted,
+        s.drafted,
+        s.tokens_per_round(),
+        by_pos.join(" "),
+        hist.join(" "),
+        s.probes,
+        s.shadow_probes,
+        s.target_seconds,
+        s.draft_seconds,
+        100.0 * s.draft_share(),
+        s.sampling_seconds
+    )
+}
+
+/// The loop options `args` ask for (fixed k; `run` sets the adaptive settings).
 fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
     RunOptions {
+        adaptive: None,
         max_tokens: args.max_tokens,
         draft_max: args.draft_max,
         stop_tokens: if args.ignore_eos {
@@ -299,15 +379,21 @@ fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
     }
 }
 
-/// `--oracle`: plain and speculative decoding of the same prompt, side by side.
-fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
+/// `--oracle RULE` (`rule`) or `--lookup --compare` (`None`): plain and speculative
+/// decoding of the same prompt, side by side.
+fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
+    let flag = if rule.is_some() {
+        "--oracle"
+    } else {
+        "--compare"
+    };
     if args.temp > 0.0 {
-        bail!("run: --oracle compares greedy decodings; drop --temp");
+        bail!("run: {flag} compares greedy decodings; drop --temp");
     }
     let package = args.target.package()?;
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let options = run_options(args, &package);
+    let mut options = run_options(args, &package);
     let show = |ids: &[u32]| -> String {
         match &text {
             Some(t) => t.decode(ids).unwrap_or_default(),
@@ -320,16 +406,34 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
     let plain_secs = start.elapsed().as_secs_f64();
     let mut stream = prompt.clone();
     stream.extend(&plain.tokens);
-    let mut head = mtp::OracleHead::new(
-        stream,
-        package.config.vocab_size,
-        mtp::OracleRule::parse(rule).expect("clap checked"),
-    );
+    let mut head: Box<dyn mtp::DraftHead> = match rule {
+        Some(rule) => Box::new(mtp::OracleHead::new(
+            stream,
+            package.config.vocab_size,
+            mtp::OracleRule::parse(rule).expect("clap checked"),
+        )),
+        None => Box::new(mtp::LookupHead::new(args.lookup_ngram)),
+    };
+    let drafter = match rule {
+        Some(rule) => format!("oracle ({rule})"),
+        None => format!("lookup (n-grams up to {})", args.lookup_ngram),
+    };
     let mut target = args.target.target(&package)?;
+    let calibration_seconds;
+    (options.adaptive, calibration_seconds) =
+        adaptive_config(args.fixed_k, &mut target, args.draft_max)?;
+    let k_rule = match options.adaptive {
+        Some(_) => format!("adaptive k <= {}", args.draft_max),
+        None => format!("k = {}", args.draft_max),
+    };
     let start = Instant::now();
-    let spec = mtp::run(&mut target, Some(&mut head), &prompt, &options, &mut |_| {
-        true
-    })?;
+    let spec = mtp::run(
+        &mut target,
+        Some(&mut *head),
+        &prompt,
+        &options,
+        &mut |_| true,
+    )?;
     let spec_secs = start.elapsed().as_secs_f64();
     let (p_tps, s_tps) = (
         plain.tokens.len() as f64 / plain_secs,
@@ -341,9 +445,13 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
             "{}",
             json!({
                 "prompt_tokens": prompt,
-                "drafter": format!("oracle ({rule})"),
+                "drafter": drafter,
+                "adaptive": options.adaptive.is_some(),
+                "draft_max": args.draft_max,
+                "calibration_seconds": calibration_seconds,
                 "plain": {"tokens": plain.tokens, "text": show(&plain.tokens), "seconds": plain_secs, "tokens_per_second": p_tps},
                 "speculative": {"tokens": spec.tokens, "text": show(&spec.tokens), "seconds": spec_secs, "tokens_per_second": s_tps, "stats": stats_json(&spec.stats)},
+                "speedup_vs_plain": s_tps / p_tps,
                 "texts_equal": equal,
             })
         );
@@ -356,21 +464,26 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
             target.precision().name()
         );
         println!("{}", show(&plain.tokens));
+        let what = match rule {
+            Some(rule) => format!("an ORACLE ({rule}) that knows the plain continuation — not a trained draft; it measures the engine's round cost, an upper bound"),
+            None => format!("prompt lookup (n-grams up to {}; no model, no oracle)", args.lookup_ngram),
+        };
         println!(
-            "── speculative decoding, k = {}, drafter: an ORACLE ({rule}) that knows the plain continuation — not a trained draft; it measures the engine's round cost ({} tokens, {s_tps:.1} tok/s, {:.2}x)",
-            args.draft_max,
+            "── speculative decoding, {k_rule}, drafter: {what} ({} tokens, {s_tps:.1} tok/s, {:.2}x)",
             spec.tokens.len(),
             s_tps / p_tps
         );
         println!("{}", show(&spec.tokens));
-        let s = &spec.stats;
         println!(
-            "── texts equal: {} | {} rounds, {}/{} drafts accepted, {:.2} tokens per round",
+            "── texts equal: {} | speed-up {:.2}x | {}{}",
             if equal { "yes" } else { "NO" },
-            s.rounds,
-            s.accepted,
-            s.drafted,
-            s.tokens_per_round()
+            s_tps / p_tps,
+            stats_line(&spec.stats),
+            if calibration_seconds > 0.0 {
+                format!(" | pass costs calibrated at load in {calibration_seconds:.2} s")
+            } else {
+                String::new()
+            }
         );
     }
     if !equal {
@@ -381,13 +494,24 @@ fn side_by_side(args: &RunArgs, rule: &str) -> Result<()> {
 
 pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(rule) = &args.oracle {
-        return side_by_side(args, rule);
+        return side_by_side(args, Some(rule));
+    }
+    if args.compare {
+        return side_by_side(args, None);
     }
     let package = args.target.package()?;
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
     let mut target = args.target.target(&package)?;
-    let options = run_options(args, &package);
+    let mut options = run_options(args, &package);
+    let speculative = args.draft.is_some() || args.lookup;
+    // Calibrated before the draft's layer taps are set (the passes would write tap rows).
+    let (adaptive, calibration_seconds) = if speculative {
+        adaptive_config(args.fixed_k, &mut target, args.draft_max)?
+    } else {
+        (None, 0.0)
+    };
+    options.adaptive = adaptive;
     let draft = match &args.draft {
         Some(dir) => Some(DraftSetup::open(dir, &package, &args.target.model)?),
         None => None,
@@ -397,12 +521,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None => None,
     };
     let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
-    let mut head = match (&draft, &weights) {
+    let mut head: Option<Box<dyn mtp::DraftHead>> = match (&draft, &weights) {
         (Some(d), Some(w)) => {
             target.set_layer_taps(&d.draft.config.target_layer_ids, sink.clone())?;
             let hooks = mtp::PackageHooks::new(&package, target.head())?;
-            Some(mtp::DFlashHead::new(w, Box::new(hooks), sink.clone()))
+            Some(Box::new(mtp::DFlashHead::new(
+                w,
+                Box::new(hooks),
+                sink.clone(),
+            )))
         }
+        _ if args.lookup => Some(Box::new(mtp::LookupHead::new(args.lookup_ngram))),
         _ => None,
     };
 
@@ -424,7 +553,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         true
     };
     let out = match head.as_mut() {
-        Some(h) => mtp::run(&mut target, Some(h), &prompt, &options, &mut on_token)?,
+        Some(h) => mtp::run(
+            &mut target,
+            Some(&mut **h),
+            &prompt,
+            &options,
+            &mut on_token,
+        )?,
         None => mtp::run(&mut target, None, &prompt, &options, &mut on_token)?,
     };
     let total = start.elapsed().as_secs_f64();
@@ -460,8 +595,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "head": target.head().name(),
             "threads": target.threads(),
         });
-        if draft.is_some() {
-            obj["speculative"] = stats_json(&out.stats);
+        if speculative {
+            let mut s = stats_json(&out.stats);
+            s["drafter"] = json!(if args.lookup { "lookup" } else { "dflash" });
+            s["adaptive"] = json!(options.adaptive.is_some());
+            s["draft_max"] = json!(args.draft_max);
+            s["calibration_seconds"] = json!(calibration_seconds);
+            // Plain decoding's rate in this run: one 1-row pass a token (its timed
+            // cost; `--compare` measures a whole plain decode instead).
+            if let Some(one) = out.stats.pass_costs.cost(1) {
+                s["plain_tokens_per_second_estimate"] = json!(1.0 / one);
+                s["speedup_vs_plain_estimate"] = json!(decode_tps * one);
+            }
+            obj["speculative"] = s;
         }
         println!("{obj}");
     } else {
@@ -481,16 +627,26 @@ pub fn run(args: &RunArgs) -> Result<()> {
             target.precision().name(),
             target.head().name()
         );
-        if draft.is_some() {
-            let s = &out.stats;
-            let by_pos: Vec<String> = s
-                .acceptance_by_position()
-                .iter()
-                .map(|a| format!("{:.0}%", a * 100.0))
-                .collect();
+        if speculative {
+            let estimate = match out.stats.pass_costs.cost(1) {
+                Some(one) => format!(
+                    " | ~{:.2}x plain (1-row pass {:.1} ms)",
+                    decode_tps * one,
+                    one * 1e3
+                ),
+                None => String::new(),
+            };
             eprintln!(
-                "[speculative: {} rounds, {} plain steps, {}/{} drafts accepted, {:.2} tokens/round, acceptance by position {} | time: target {:.2} s, draft {:.2} s, sampling {:.3} s]",
-                s.rounds, s.plain_steps, s.accepted, s.drafted, s.tokens_per_round(), by_pos.join(" "), s.target_seconds, s.draft_seconds, s.sampling_seconds
+                "[speculative ({}, {}): {}{estimate}]",
+                if args.lookup { "lookup" } else { "dflash" },
+                match options.adaptive {
+                    Some(_) => format!(
+                        "adaptive k <= {}, calibrated in {calibration_seconds:.2} s",
+                        args.draft_max
+                    ),
+                    None => format!("k = {}", args.draft_max),
+                },
+                stats_line(&out.stats)
             );
         }
     }

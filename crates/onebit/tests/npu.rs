@@ -149,6 +149,7 @@ fn sim_backend_runs_the_dflash_reference_pair_like_the_cpu() {
                 "7",
                 "--precision",
                 "f32",
+                "--fixed-k",
                 "--backend",
                 backend,
                 "--model",

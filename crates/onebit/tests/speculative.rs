@@ -21,6 +21,7 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
             // z-lab's reference is float arithmetic: compare at the exact precision.
             "--precision",
             "f32",
+            "--fixed-k",
         ])
         .arg("--model")
         .arg(&target)

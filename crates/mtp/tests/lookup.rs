@@ -1,0 +1,417 @@
+//! Prompt-lookup drafting in the loop: greedy text equals plain text on the tiny
+//! fixtures (fixed and adaptive k, calibrated costs), sampling keeps the target's
+//! distribution (a chi-squared comparison as in `sampling.rs`, and seed for seed the
+//! same tokens), a copying target is drafted right from the right offset, and the
+//! adaptive loop stops drafting for a drafter that is never right.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mtp::{run, AdaptiveConfig, DraftHead, LookupHead, RunOptions, SamplingConfig};
+use npu_runtime::{CpuTarget, Family, Forward, TapSink, TargetConfig, TargetError, TargetPackage};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+fn options(max_tokens: usize, k: usize, adaptive: bool, temperature: f32, seed: u64) -> RunOptions {
+    RunOptions {
+        max_tokens,
+        draft_max: k,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature,
+            top_p: if temperature > 0.0 { 0.9 } else { 1.0 },
+            seed,
+        },
+        adaptive: adaptive.then(AdaptiveConfig::default),
+    }
+}
+
+fn config(vocab: usize) -> Arc<TargetConfig> {
+    Arc::new(TargetConfig {
+        family: Family::Llama,
+        vocab_size: vocab,
+        hidden_size: 2,
+        intermediate_size: 2,
+        num_layers: 1,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 2,
+        rope_theta: 1.0,
+        rms_eps: 1e-6,
+        max_positions: 100_000,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        chat_template: None,
+        lm_head_requantized: false,
+    })
+}
+
+/// A toy target whose logits depend on the position, the token and (when `period` is
+/// set) the token `period` positions back: with `copy` weight it prefers to repeat it.
+struct Toy {
+    config: Arc<TargetConfig>,
+    tokens: Vec<u32>,
+    period: usize,
+    copy: f32,
+    /// Simulated pass time: 2 ms plus 0.5 ms a row, so the adaptive loop sees costs
+    /// that depend on the row count as a real target's do (well above sleep jitter).
+    slow: bool,
+}
+
+impl Toy {
+    fn new(vocab: usize, period: usize, copy: f32) -> Toy {
+        Toy {
+            config: config(vocab),
+            tokens: Vec::new(),
+            period,
+            copy,
+            slow: false,
+        }
+    }
+    fn slow(mut self) -> Toy {
+        self.slow = true;
+        self
+    }
+    fn logits(&self, pos: usize) -> Vec<f32> {
+        let vocab = self.config.vocab_size;
+        let token = self.tokens[pos] as usize;
+        let mut l: Vec<f32> = (0..vocab)
+            .map(|v| (((pos * 7 + token * 5 + v * 3) % 11) as f32) * 0.35 - (v as f32) * 0.2)
+            .collect();
+        // The token that follows position pos - period + 1 ... repeated.
+        if self.period > 0 && pos + 1 >= self.period {
+            l[self.tokens[pos + 1 - self.period] as usize] += self.copy;
+        }
+        l
+    }
+}
+
+impl Forward for Toy {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+    fn position(&self) -> usize {
+        self.tokens.len()
+    }
+    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        if self.slow {
+            std::thread::sleep(std::time::Duration::from_micros(
+                2000 + 500 * tokens.len() as u64,
+            ));
+        }
+        let mut out = Vec::new();
+        for &t in tokens {
+            self.tokens.push(t);
+            out.extend(self.logits(self.tokens.len() - 1));
+        }
+        Ok(out)
+    }
+    fn last_hidden(&self) -> &[f32] {
+        &[]
+    }
+    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
+        if len > self.tokens.len() {
+            return Err(TargetError::TruncateBeyond {
+                len,
+                position: self.tokens.len(),
+            });
+        }
+        self.tokens.truncate(len);
+        Ok(())
+    }
+    fn set_layer_taps(&mut self, _: &[usize], _: TapSink) -> npu_runtime::Result<()> {
+        Ok(())
+    }
+    fn clear_layer_taps(&mut self) {}
+    fn embed(&self, _: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        Ok(Vec::new())
+    }
+    fn lm_head(&self, _: &[f32], _: usize) -> Vec<f32> {
+        Vec::new()
+    }
+}
+
+/// Greedy text with lookup equals plain text on both tiny fixtures, fixed k and
+/// adaptive k (with costs calibrated on the target first), n-grams up to 4 and 1.
+#[test]
+fn lookup_greedy_text_equals_plain_on_the_tiny_fixtures() {
+    let prompt = [1, 17, 300, 42, 7, 255, 3, 99, 128, 64, 5, 400, 17, 300, 42];
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let mut target = CpuTarget::new(&package).unwrap();
+        let plain = run(
+            &mut target,
+            None,
+            &prompt,
+            &options(64, 7, false, 0.0, 0),
+            &mut |_| true,
+        )
+        .unwrap();
+        let mut fresh = CpuTarget::new(&package).unwrap();
+        let calibration = mtp::calibrate(&mut fresh, 8, 1).unwrap();
+        assert_eq!(fresh.position(), 0, "calibration rolls back");
+        assert_eq!(
+            calibration.points().iter().map(|p| p.0).collect::<Vec<_>>(),
+            [1, 2, 4, 8]
+        );
+        let mut accepted = 0;
+        for (adaptive, ngram) in [(false, 4), (true, 4), (true, 1), (false, 1)] {
+            let mut opts = options(64, 7, adaptive, 0.0, 0);
+            if let Some(a) = opts.adaptive.as_mut() {
+                a.calibration = Some(calibration.clone());
+            }
+            let mut target = CpuTarget::new(&package).unwrap();
+            let mut head = LookupHead::new(ngram);
+            let out = run(&mut target, Some(&mut head), &prompt, &opts, &mut |_| true).unwrap();
+            let label = format!("{dir} adaptive {adaptive} ngram {ngram}");
+            assert_eq!(out.tokens, plain.tokens, "{label}");
+            assert_eq!(head.error(), None, "{label}");
+            // The head saw the whole committed stream.
+            assert_eq!(
+                head.history(),
+                [&prompt[..], &out.tokens[..]].concat(),
+                "{label}"
+            );
+            let s = &out.stats;
+            assert_eq!(
+                s.k_histogram.iter().sum::<usize>(),
+                s.rounds + s.plain_steps,
+                "{label}"
+            );
+            assert!(s.k_histogram.len() <= 8, "{label}: k above draft_max");
+            if !adaptive {
+                assert!(s.rounds > 0, "{label}");
+            }
+            accepted += s.accepted;
+        }
+        eprintln!("{dir}: {accepted} lookup drafts accepted over four runs");
+    }
+}
+
+/// A target that copies a 10-token period (the prompt, then itself): lookup drafts
+/// from the right offset are all accepted; fixed k = 7 gives 8 tokens a round and
+/// adaptive k settles at 7.
+#[test]
+fn lookup_drafts_a_copying_target_from_the_right_offset() {
+    let prompt: Vec<u32> = vec![11, 3, 40, 7, 22, 9, 31, 5, 17, 60];
+    for adaptive in [false, true] {
+        let mut plain_base = Toy::new(64, 10, 100.0);
+        let plain = run(
+            &mut plain_base,
+            None,
+            &prompt,
+            &options(80, 7, false, 0.0, 0),
+            &mut |_| true,
+        )
+        .unwrap();
+        // The target copies: the continuation is the prompt repeated.
+        assert_eq!(plain.tokens[..10], prompt[..]);
+        let mut head = LookupHead::new(4);
+        let out = run(
+            &mut Toy::new(64, 10, 100.0).slow(),
+            Some(&mut head),
+            &prompt,
+            &options(80, 7, adaptive, 0.0, 0),
+            &mut |_| true,
+        )
+        .unwrap();
+        assert_eq!(out.tokens, plain.tokens);
+        let s = &out.stats;
+        assert_eq!(s.accepted, s.drafted, "adaptive {adaptive}: {s:?}");
+        assert!(s.tokens_per_round() > 7.0, "adaptive {adaptive}: {s:?}");
+        assert!(s.rounds <= 12, "adaptive {adaptive}: {s:?}");
+        assert_eq!(s.k_histogram.len(), 8, "adaptive {adaptive}: {s:?}");
+        assert!(s.k_histogram[7] >= 8, "adaptive {adaptive}: {s:?}");
+    }
+}
+
+/// A drafter that is never right: the adaptive loop falls back to plain steps, with
+/// text unchanged; fixed k keeps drafting every round.
+#[test]
+fn adaptive_loop_stops_drafting_for_a_drafter_that_is_never_right() {
+    struct Wrong;
+    impl DraftHead for Wrong {
+        fn needs_last_hidden(&self) -> bool {
+            false
+        }
+        fn draft(&mut self, _pos: usize, _last: u32, k: usize) -> Option<Vec<u32>> {
+            // Token 63's logit is at most 3.5 - 12.6, token 0's at least 0: never the argmax.
+            Some(vec![63; k])
+        }
+        fn commit_rows(&mut self, _: usize) {}
+        fn reset(&mut self) {}
+        fn error(&self) -> Option<String> {
+            None
+        }
+    }
+    let prompt = [1, 2, 3];
+    let plain = run(
+        &mut Toy::new(64, 0, 0.0),
+        None,
+        &prompt,
+        &options(200, 7, false, 0.0, 0),
+        &mut |_| true,
+    )
+    .unwrap();
+    let fixed = run(
+        &mut Toy::new(64, 0, 0.0),
+        Some(&mut Wrong),
+        &prompt,
+        &options(200, 7, false, 0.0, 0),
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(fixed.tokens, plain.tokens);
+    assert_eq!(fixed.stats.accepted, 0, "the drafter is never right");
+    assert_eq!(fixed.stats.rounds, 199, "every step after the first drafts");
+    let adaptive = run(
+        &mut Toy::new(64, 0, 0.0).slow(),
+        Some(&mut Wrong),
+        &prompt,
+        &options(200, 7, true, 0.0, 0),
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(adaptive.tokens, plain.tokens);
+    let s = &adaptive.stats;
+    assert!(s.k_histogram[0] >= 170, "{s:?}");
+    assert!(s.drafted <= 60, "{s:?}");
+}
+
+fn histogram(lookup: Option<bool>, trials: u64) -> Vec<f64> {
+    let mut counts = vec![0f64; 64];
+    // A repetitive prompt: lookup drafts most rounds.
+    let prompt = [1, 2, 3, 1, 2, 3, 1, 2];
+    for seed in 0..trials {
+        let mut base = Toy::new(4, 3, 0.8);
+        let out = match lookup {
+            Some(adaptive) => run(
+                &mut base,
+                Some(&mut LookupHead::new(4)),
+                &prompt,
+                &options(3, 3, adaptive, 1.0, seed),
+                &mut |_| true,
+            ),
+            None => run(
+                &mut base,
+                None,
+                &prompt,
+                &options(3, 3, false, 1.0, seed),
+                &mut |_| true,
+            ),
+        }
+        .unwrap();
+        let t = &out.tokens;
+        counts[(t[0] * 16 + t[1] * 4 + t[2]) as usize] += 1.0;
+    }
+    counts
+}
+
+/// Two-sample chi-squared statistic over the cells either sample hit.
+fn chi2(a: &[f64], b: &[f64]) -> (f64, usize) {
+    let (na, nb): (f64, f64) = (a.iter().sum(), b.iter().sum());
+    let mut stat = 0.0;
+    let mut cells = 0;
+    for (&x, &y) in a.iter().zip(b) {
+        if x + y == 0.0 {
+            continue;
+        }
+        cells += 1;
+        let ka = (nb / na).sqrt();
+        let kb = (na / nb).sqrt();
+        stat += (ka * x - kb * y).powi(2) / (x + y);
+    }
+    (stat, cells - 1)
+}
+
+#[test]
+fn lookup_sampling_matches_plain_sampling() {
+    let trials = 6000;
+    // Plain sampling with another seed range: an independent sample of the same law.
+    let plain = histogram(None, trials);
+    for adaptive in [false, true] {
+        let spec = histogram(Some(adaptive), trials);
+        let (stat, df) = chi2(&plain, &spec);
+        eprintln!("lookup (adaptive {adaptive}): chi2 {stat:.1} with {df} degrees of freedom");
+        // 99.9th percentile of chi-squared with df <= 63 is at most 103.4.
+        assert!(
+            stat < 103.4,
+            "chi2 {stat:.1} (df {df}): the distributions differ"
+        );
+    }
+    // The statistic detects a biased sample.
+    let mut biased = plain.clone();
+    biased[0] += 300.0;
+    biased[63] = (biased[63] - 300.0).max(0.0);
+    assert!(chi2(&plain, &biased).0 > 103.4);
+    // Drafts were verified in these runs, not skipped.
+    let mut base = Toy::new(4, 3, 0.8);
+    let out = run(
+        &mut base,
+        Some(&mut LookupHead::new(4)),
+        &[1, 2, 3, 1, 2, 3, 1, 2],
+        &options(40, 3, false, 1.0, 7),
+        &mut |_| true,
+    )
+    .unwrap();
+    assert!(
+        out.stats.rounds > 0 && out.stats.accepted > 0,
+        "{:?}",
+        out.stats
+    );
+}
+
+/// With deterministic drafts every emitted token is one draw from the target's
+/// distribution in order, so lookup sampling gives plain sampling's tokens seed for
+/// seed: on the toy and on tiny-qwen3 (temperature 0.8, top-p 0.9).
+#[test]
+fn lookup_sampling_gives_plain_tokens_seed_for_seed() {
+    for seed in 0..50 {
+        let prompt = [1, 2, 3, 1, 2, 3, 1, 2];
+        let plain = run(
+            &mut Toy::new(4, 3, 0.8),
+            None,
+            &prompt,
+            &options(30, 5, false, 0.8, seed),
+            &mut |_| true,
+        )
+        .unwrap();
+        for adaptive in [false, true] {
+            let out = run(
+                &mut Toy::new(4, 3, 0.8),
+                Some(&mut LookupHead::new(3)),
+                &prompt,
+                &options(30, 5, adaptive, 0.8, seed),
+                &mut |_| true,
+            )
+            .unwrap();
+            assert_eq!(out.tokens, plain.tokens, "seed {seed} adaptive {adaptive}");
+        }
+    }
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let prompt = [1, 17, 300, 42, 7, 255, 3, 99, 1, 17, 300];
+    for seed in 0..3 {
+        let plain = run(
+            &mut CpuTarget::new(&package).unwrap(),
+            None,
+            &prompt,
+            &options(40, 7, false, 0.8, seed),
+            &mut |_| true,
+        )
+        .unwrap();
+        let out = run(
+            &mut CpuTarget::new(&package).unwrap(),
+            Some(&mut LookupHead::new(4)),
+            &prompt,
+            &options(40, 7, true, 0.8, seed),
+            &mut |_| true,
+        )
+        .unwrap();
+        assert_eq!(out.tokens, plain.tokens, "tiny-qwen3 seed {seed}");
+    }
+}
