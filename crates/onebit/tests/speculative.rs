@@ -54,26 +54,30 @@ fn run_with_a_dflash_draft_reproduces_the_reference_and_reports_statistics() {
     assert!(s["acceptance_by_position"].as_array().unwrap().len() == 7);
 }
 
-/// At q8 (the default) the trained draft's speculative text equals plain q8 decoding:
-/// per-row activation quantization keeps verify passes batch-invariant.
+/// At the integer precisions the trained draft's speculative text equals plain decoding
+/// at the same precision: per-row activation quantization keeps verify passes
+/// batch-invariant. (`--fixed-k` so that every round drafts and verifies 7 rows.)
 #[test]
-fn speculative_text_equals_plain_text_at_q8() {
+fn speculative_text_equals_plain_text_at_the_integer_precisions() {
     let (_dir, target, draft) = reference_pair();
-    let run = |with_draft: bool| {
-        let mut cmd = onebit();
-        cmd.args(["run", "--prompt-tokens", "1,17,300,42,7,255,3,99,128,64"])
-            .args(["--max-tokens", "48", "--ignore-eos", "--json"])
-            .args(["--precision", "q8", "--model"])
-            .arg(&target);
-        if with_draft {
-            cmd.arg("--draft").arg(&draft);
-        }
-        json_of(cmd.output().unwrap())
-    };
-    let (plain, spec) = (run(false), run(true));
-    assert_eq!(plain["precision"], "q8");
-    assert_eq!(spec["tokens"], plain["tokens"]);
-    assert!(spec["speculative"]["accepted"].as_u64().unwrap() > 0);
+    for precision in ["q8", "q8x2"] {
+        let run = |with_draft: bool| {
+            let mut cmd = onebit();
+            cmd.args(["run", "--prompt-tokens", "1,17,300,42,7,255,3,99,128,64"])
+                .args(["--max-tokens", "48", "--ignore-eos", "--json"])
+                .args(["--precision", precision, "--model"])
+                .arg(&target);
+            if with_draft {
+                cmd.arg("--draft").arg(&draft).arg("--fixed-k");
+            }
+            json_of(cmd.output().unwrap())
+        };
+        let (plain, spec) = (run(false), run(true));
+        assert_eq!(plain["precision"], precision);
+        assert_eq!(spec["tokens"], plain["tokens"], "{precision}");
+        assert!(spec["speculative"]["accepted"].as_u64().unwrap() > 0);
+        assert!(spec["speculative"]["rounds"].as_u64().unwrap() > 1);
+    }
 }
 
 #[test]
