@@ -29,6 +29,6 @@ pub use dflash::DFlashHead;
 pub use head::DraftHead;
 pub use hooks::PackageHooks;
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, RunOptions, RunOutput, StopReason};
-pub use sample::{Sampler, SamplingConfig};
+pub use run::{run, RunError, RunOptions, RunOutput, StopReason};
+pub use sample::{Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use npu_runtime::{Forward, TargetError};
 
 use crate::head::DraftHead;
-use crate::sample::{Sampler, SamplingConfig};
+use crate::sample::{Sampler, SamplingConfig, SamplingError};
 use crate::stats::Stats;
 
 /// How to run.
@@ -28,6 +28,20 @@ pub enum StopReason {
     StopToken,
     /// The callback asked to stop.
     Callback,
+}
+
+/// Why `run` refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No prompt tokens: the first pick needs the logits of the prompt's last token.
+    #[error("mtp::run: the prompt is empty (at least one token is needed)")]
+    EmptyPrompt,
+    /// A sampling parameter is out of range.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The target failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
 }
 
 /// What a run produced.
@@ -58,9 +72,12 @@ pub fn run(
     prompt: &[u32],
     options: &RunOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<RunOutput, TargetError> {
+) -> Result<RunOutput, RunError> {
+    if prompt.is_empty() {
+        return Err(RunError::EmptyPrompt);
+    }
     let vocab = base.config().vocab_size;
-    let mut sampler = Sampler::new(options.sampling);
+    let mut sampler = Sampler::new(options.sampling)?;
     let mut stats = Stats::default();
     let mut tokens = Vec::new();
     if let Some(h) = head.as_deref_mut() {
