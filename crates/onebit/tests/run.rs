@@ -123,6 +123,40 @@ fn bad_run_inputs_exit_2_by_name() {
         .stderr(predicate::str::contains("tie_word_embeddings"));
 }
 
+/// Sampling parameters are checked by the library (`mtp::SamplingConfig::check`)
+/// before the model is opened: exit 2 with the parameter and its value.
+#[test]
+fn out_of_range_sampling_parameters_exit_2_by_value() {
+    for (flag, value, message) in [
+        (
+            "--temp",
+            "nan",
+            "sampling: temperature must be a finite number >= 0, got NaN",
+        ),
+        (
+            "--temp",
+            "-1",
+            "sampling: temperature must be a finite number >= 0, got -1",
+        ),
+        ("--top-p", "0", "sampling: top_p must be a number in (0, 1], got 0"),
+        (
+            "--top-p",
+            "1.5",
+            "sampling: top_p must be a number in (0, 1], got 1.5",
+        ),
+    ] {
+        onebit()
+            .args(["run", "--prompt-tokens", "1,2", "--max-tokens", "3"])
+            .arg(format!("{flag}={value}"))
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"))
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(predicate::str::contains(message));
+    }
+}
+
 #[test]
 fn bench_reports_json() {
     let out = onebit()
