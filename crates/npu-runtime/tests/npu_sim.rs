@@ -380,7 +380,10 @@ fn the_embedding_head_is_refused_on_an_untied_model() {
 #[test]
 fn the_npu_device_without_xrt_says_so() {
     if xrt_sys_enabled() {
-        eprintln!("skipped: the_npu_device_without_xrt_says_so: this build has the `xrt` feature");
+        test_support::skip!(
+            "the_npu_device_without_xrt_says_so",
+            "this build has the `xrt` feature"
+        );
         return;
     }
     let err = npu_runtime::npu::open_npu(std::path::Path::new("kernels.json"), 0)

