@@ -3,6 +3,8 @@
 //! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
 //! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI). Each task is one module; this file only dispatches.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{bail, Result};
 
 mod cargo_mutants;

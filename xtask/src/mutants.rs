@@ -619,7 +619,10 @@ mod tests {
     fn a_mutant_that_does_not_compile_is_unviable_not_caught() {
         assert_eq!(classify(false, "", BUILD_FAILED), Outcome::Unviable);
         // No FAILED line and no test binary run is a build failure too.
-        assert_eq!(classify(false, "", "error: some cargo failure\n"), Outcome::Unviable);
+        assert_eq!(
+            classify(false, "", "error: some cargo failure\n"),
+            Outcome::Unviable
+        );
     }
 
     #[test]
@@ -630,7 +633,10 @@ mod tests {
         let stderr = "     Running tests/reference.rs (target/debug/deps/reference-1234)\n\
                       error: test failed, to rerun pass `--test reference`\n\
                       Caused by:\n  process didn't exit successfully (signal: 11, SIGSEGV)\n";
-        assert_eq!(classify(false, "running 2 tests\n", stderr), Outcome::Crashed);
+        assert_eq!(
+            classify(false, "running 2 tests\n", stderr),
+            Outcome::Crashed
+        );
         assert_eq!(classify(true, "test result: ok.", ""), Outcome::Passed);
     }
 

@@ -16,6 +16,9 @@
 //! end every round holding exactly the committed positions. [`DFlashHead`] runs a
 //! DFlash draft as a head; [`PackageHooks`] gives it the target's embedding and head.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod dflash;
 mod head;
 mod hooks;

@@ -18,13 +18,16 @@ pub struct RunOptions {
     pub draft_max: usize,
     /// Tokens that end the run (not emitted).
     pub stop_tokens: Vec<u32>,
+    /// Greedy or sampled picks, checked when the run starts.
     pub sampling: SamplingConfig,
 }
 
 /// Why a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// `max_tokens` tokens were emitted.
     MaxTokens,
+    /// A stop token came (it is not emitted).
     StopToken,
     /// The callback asked to stop.
     Callback,
@@ -47,8 +50,11 @@ pub enum RunError {
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct RunOutput {
+    /// The emitted tokens, in order (stop tokens excluded).
     pub tokens: Vec<u32>,
+    /// Why the run ended.
     pub stop: StopReason,
+    /// Rounds, acceptance and time split.
     pub stats: Stats,
 }
 

@@ -475,10 +475,26 @@ fn sampling_parameters_out_of_range_are_refused_by_value() {
             1.0,
             "sampling: temperature must be a finite number >= 0, got inf",
         ),
-        (0.7, 0.0, "sampling: top_p must be a number in (0, 1], got 0"),
-        (0.7, 1.5, "sampling: top_p must be a number in (0, 1], got 1.5"),
-        (0.7, -0.1, "sampling: top_p must be a number in (0, 1], got -0.1"),
-        (0.0, f32::NAN, "sampling: top_p must be a number in (0, 1], got NaN"),
+        (
+            0.7,
+            0.0,
+            "sampling: top_p must be a number in (0, 1], got 0",
+        ),
+        (
+            0.7,
+            1.5,
+            "sampling: top_p must be a number in (0, 1], got 1.5",
+        ),
+        (
+            0.7,
+            -0.1,
+            "sampling: top_p must be a number in (0, 1], got -0.1",
+        ),
+        (
+            0.0,
+            f32::NAN,
+            "sampling: top_p must be a number in (0, 1], got NaN",
+        ),
     ] {
         let options = options_with(temperature, top_p);
         let err = mtp::Sampler::new(options.sampling).err().unwrap();

@@ -111,7 +111,14 @@ fn inspect_routes_a_draft_by_architectures_too() {
         .stdout("")
         .stderr(predicate::str::contains(message));
     onebit()
-        .args(["run", "--prompt-tokens", "1", "--max-tokens", "1", "--model"])
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1",
+            "--max-tokens",
+            "1",
+            "--model",
+        ])
         .arg(fixture("tiny-qwen3"))
         .arg("--draft")
         .arg(&out)

@@ -490,7 +490,10 @@ fn real_smollm2_tokenizer_matches_the_reference_prompt_ids() {
     };
     let (v, cases) = reference();
     let template = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n";
-    assert!(v["template"].as_str().unwrap().contains(&template.replace('\n', "\\n")));
+    assert!(v["template"]
+        .as_str()
+        .unwrap()
+        .contains(&template.replace('\n', "\\n")));
     for case in &cases {
         let text = template.replace("{prompt}", &case.prompt);
         let out = Command::cargo_bin("onebit")
@@ -514,8 +517,7 @@ fn real_smollm2_tokenizer_matches_the_reference_prompt_ids() {
 /// all 192 steps, and margins within [`EXACT_MARGIN_ERROR`].
 #[test]
 fn real_smollm2_exact_forward_matches_the_reference_margins() {
-    let Some((_, pkg)) = smollm2("real_smollm2_exact_forward_matches_the_reference_margins")
-    else {
+    let Some((_, pkg)) = smollm2("real_smollm2_exact_forward_matches_the_reference_margins") else {
         return;
     };
     let (_, cases) = reference();
@@ -575,7 +577,11 @@ fn real_smollm2_default_greedy_follows_transformers_until_a_thin_margin() {
             .iter()
             .position(|&m| m < DEFAULT_MARGIN_BOUND)
             .unwrap_or(64);
-        assert!(thin >= 8, "{:?}: the bound leaves too little to compare", case.prompt);
+        assert!(
+            thin >= 8,
+            "{:?}: the bound leaves too little to compare",
+            case.prompt
+        );
         let got = cli_greedy(&pkg, &case.prompt_ids, DEFAULT_ARGS);
         assert_eq!(got[..thin], case.ids[..thin], "{:?}", case.prompt);
     }

@@ -138,7 +138,11 @@ fn out_of_range_sampling_parameters_exit_2_by_value() {
             "-1",
             "sampling: temperature must be a finite number >= 0, got -1",
         ),
-        ("--top-p", "0", "sampling: top_p must be a number in (0, 1], got 0"),
+        (
+            "--top-p",
+            "0",
+            "sampling: top_p must be a number in (0, 1], got 0",
+        ),
         (
             "--top-p",
             "1.5",

@@ -38,6 +38,8 @@
 //! # Ok::<(), q4nx_format::FormatError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod container;
 pub mod convert;
 mod dtype;

@@ -8,6 +8,7 @@
 //! prints that file after the tests and fails when an arm that should have run skipped.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -36,30 +36,56 @@ use crate::{ContainerWriter, Dtype, FormatError};
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConvertError {
+    /// Architecture '`arch`' is not supported (supported: llama, qwen3).
     #[error("convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3)")]
-    UnsupportedArchitecture { path: String, arch: String },
-    #[error("convert: {path}: metadata key '{key}' {problem}")]
-    Metadata {
+    UnsupportedArchitecture {
+        /// The file (or a label for bytes in memory).
         path: String,
-        key: String,
-        problem: String,
-    },
-    #[error("convert: {path}: tensor '{tensor}' has no place in a {arch} package")]
-    UnknownTensor {
-        path: String,
-        tensor: String,
+        /// The architecture named.
         arch: String,
     },
-    #[error("convert: {path}: tensor '{tensor}': {problem}")]
-    Tensor {
+    /// Metadata key '`key`' `problem`.
+    #[error("convert: {path}: metadata key '{key}' {problem}")]
+    Metadata {
+        /// The file (or a label for bytes in memory).
         path: String,
-        tensor: String,
+        /// The key concerned.
+        key: String,
+        /// What is wrong with it.
         problem: String,
     },
+    /// Tensor '`tensor`' has no place in a `arch` package.
+    #[error("convert: {path}: tensor '{tensor}' has no place in a {arch} package")]
+    UnknownTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+        /// The architecture named.
+        arch: String,
+    },
+    /// Tensor '`tensor`': `problem`.
+    #[error("convert: {path}: tensor '{tensor}': {problem}")]
+    Tensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Missing tensor '`tensor`'.
     #[error("convert: {path}: missing tensor '{tensor}'")]
-    MissingTensor { path: String, tensor: String },
+    MissingTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+    },
+    /// The GGUF file was refused.
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
+    /// Writing the container was refused.
     #[error(transparent)]
     Format(#[from] FormatError),
 }
@@ -67,7 +93,9 @@ pub enum ConvertError {
 /// Model families the converter knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
+    /// Llama (and Llama-like, e.g. SmolLM2).
     Llama,
+    /// Qwen3.
     Qwen3,
 }
 
@@ -148,6 +176,7 @@ fn map_name(family: Family, name: &str) -> Option<(String, Role)> {
 /// What a conversion did.
 #[derive(Clone, Debug, Default)]
 pub struct ConvertReport {
+    /// Tensors written.
     pub tensors: usize,
     /// Bytes of tensor data written.
     pub bytes: usize,
@@ -166,6 +195,7 @@ struct Converted {
 /// A GGUF opened for conversion: family, geometry and the tensor plan.
 pub struct GgufConverter<'a> {
     file: &'a GgufFile,
+    /// The model family, from `general.architecture`.
     pub family: Family,
     /// Half the rope dimension: the `p` of the llama row un-permutation.
     rope_half: usize,
