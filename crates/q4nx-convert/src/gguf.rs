@@ -688,7 +688,7 @@ impl Gguf {
     }
 }
 
-/// A memory-mapped GGUF file with its parsed index (see [`crate::Container`] on maps).
+/// A memory-mapped GGUF file with its parsed index (see [`q4nx_format::Container`] on maps).
 pub struct GgufFile {
     path: String,
     map: Option<memmap2::Mmap>,
