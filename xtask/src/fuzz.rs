@@ -179,7 +179,7 @@ fn targets() -> Result<Vec<Target>> {
                 read("tiny-qwen3/model.Q4_1.gguf")?,
             ],
             hot: gguf_hot,
-            run: |bytes| q4nx_format::fuzzing::exercise_gguf(&bytes),
+            run: |bytes| q4nx_convert::fuzzing::exercise_gguf(&bytes),
         },
     ])
 }
@@ -218,7 +218,7 @@ fn manifest_seed() -> Result<Vec<u8>> {
 
 /// The GGUF header (metadata and tensor infos) is where parsing happens.
 fn gguf_hot(b: &[u8]) -> usize {
-    q4nx_format::gguf::Gguf::parse("seed", b)
+    q4nx_convert::gguf::Gguf::parse("seed", b)
         .map(|g| g.data_start)
         .unwrap_or(b.len())
 }

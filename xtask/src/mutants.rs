@@ -3,8 +3,12 @@
 //! Each mutant is one textual edit of one file. They are applied, one at a time, to a
 //! scratch copy of the workspace under `target/mutants/ws` (never the working tree),
 //! the tests named for it are run there, and the edit is undone. A mutant is *caught*
-//! when those tests fail. The run ends with a table and fails if any mutant is missed
-//! (or no longer applies: an anchor that vanished means the mutant rotted).
+//! when those tests fail (or a test binary crashes). A mutant that does not compile,
+//! or whose anchor vanished, tests nothing: it is *unviable*. A mutant of a code path
+//! this CPU cannot run (its `requires` features are missing) is *not applicable* and
+//! is not run. The run ends with a table and the line
+//! `mutants: N caught, N missed, N unviable, N not applicable`, and fails if any
+//! mutant is missed or unviable.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +26,10 @@ pub struct Mutant {
     pub tests: &'static [&'static str],
     /// A second edit `(file, find, replace)` for mutants that need two.
     pub also: Option<(&'static str, &'static str, &'static str)>,
+    /// CPU features the mutated code path needs (names as `is_x86_feature_detected!`
+    /// spells them). On a CPU without one the tests cannot reach the mutant: it is
+    /// reported "not applicable", never missed.
+    pub requires: &'static [&'static str],
 }
 
 /// The catalogue. Keep each `find` unique in its file.
@@ -34,6 +42,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: ".rows(); // no trim",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "dflash-head-trims-one-row-short",
@@ -42,6 +51,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: ".truncate(mark + m - 1);",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "dflash-head-trims-after-a-plain-step-too",
@@ -50,6 +60,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "if let Some(mark) = self.mark {",
         tests: &["-p", "mtp", "--test", "upstream"],
         also: Some(("crates/mtp/src/run.rs", "stats.plain_steps += 1;", "stats.plain_steps += 1;\n            if let Some(h) = head.as_deref_mut() {\n                h.commit_rows(1);\n            }")),
+        requires: &[],
     },
     Mutant {
         name: "dflash-head-fuses-one-row-short",
@@ -58,6 +69,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "(rows, sink.rows_slice(folded..rows.max(folded + 1) - 1).to_vec())",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: Some(("crates/mtp/src/dflash.rs", "let n_new = rows - self.cache.len().min(rows);", "let n_new = (rows - self.cache.len().min(rows)).saturating_sub(1);")),
+        requires: &[],
     },
     Mutant {
         name: "loop-drafts-after-the-first-token-not-the-last",
@@ -66,6 +78,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let d = h.draft(pos_next + 1, tokens[0],",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "dflash-head-skips-the-position-check",
@@ -74,6 +87,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "if false {",
         tests: &["-p", "mtp", "--test", "upstream"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "dflash-head-folds-from-the-start-of-the-sink",
@@ -82,6 +96,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let folded = 0;",
         tests: &["-p", "mtp", "--test", "upstream", "--test", "dflash_ref"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "draft-decode-fusion-in-stored-order",
@@ -90,6 +105,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let _ = (b, r, col); out[i] = bf16::from_le_bytes([pair[0], pair[1]]).to_f32();",
         tests: &["-p", "dflash-draft", "--test", "loader", "--test", "import"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "draft-unexplained-tensor-check-off",
@@ -98,6 +114,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: ".find(|t| false && !expected.iter().any(|e| e == t.name))",
         tests: &["-p", "dflash-draft", "--test", "loader"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "draft-scalar-comparison-skipped",
@@ -106,6 +123,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "if false {",
         tests: &["-p", "dflash-draft", "--test", "loader"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "tile-count-check-off-by-one",
@@ -114,6 +132,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "if tensor.shape != [tiles, TILE_BYTES] && tensor.shape != [tiles - 1, TILE_BYTES] {",
         tests: &["-p", "dflash-draft", "--test", "loader"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "draft-cache-ropes-new-rows-from-position-0",
@@ -122,6 +141,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let start = 0;",
         tests: &["-p", "dflash-draft", "--test", "cached", "--test", "reference"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "draft-block-attention-causal",
@@ -130,6 +150,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "                    cache.len + i + 1 - first,",
         tests: &["-p", "dflash-draft", "--test", "reference"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "writer-tensors-unsorted",
@@ -138,6 +159,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "",
         tests: &["-p", "q4nx-format", "--test", "fixtures"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "header-gap-check-off",
@@ -146,6 +168,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "if t.data.start > expected && false {",
         tests: &["-p", "q4nx-format", "--test", "malformed"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "tile-nibbles-swapped",
@@ -154,30 +177,34 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "(byte, if row % 2 == 1 { 0 } else { 4 })",
         tests: &["-p", "q4nx-format", "--test", "tile_codec"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "gguf-overlap-check-off",
-        file: "crates/q4nx-format/src/gguf.rs",
+        file: "crates/q4nx-convert/src/gguf.rs",
         find: "if pair[1].range.start < pair[0].range.end {",
         replace: "if pair[1].range.start < pair[0].range.end && false {",
-        tests: &["-p", "q4nx-format", "--test", "gguf_reader"],
+        tests: &["-p", "q4nx-convert", "--test", "gguf_reader"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "convert-llama-rows-not-unpermuted",
-        file: "crates/q4nx-format/src/convert/mod.rs",
+        file: "crates/q4nx-convert/src/lib.rs",
         find: "if !rope_rows {",
         replace: "if true {",
-        tests: &["-p", "q4nx-format", "--test", "convert"],
+        tests: &["-p", "q4nx-convert", "--test", "convert"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "quantizer-divides-instead-of-multiplying-by-the-inverse",
-        file: "crates/q4nx-format/src/ggml.rs",
+        file: "crates/q4nx-convert/src/ggml.rs",
         find: "let t = ((v - lo) * id + 0.5).trunc();",
         replace: "let t = ((v - lo) / d + 0.5).trunc();",
-        tests: &["-p", "q4nx-format", "--test", "ggml_reference"],
+        tests: &["-p", "q4nx-convert", "--test", "ggml_reference"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "matmul-batched-rows-sum-in-another-order",
@@ -186,6 +213,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let t = if R > 1 { _mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(d, acc[r][rg])) } else { _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg])) };",
         tests: &["-p", "onebit-kernels", "--test", "matmul", "-p", "npu-runtime", "--test", "reference"],
         also: None,
+        requires: &["avx512f"],
     },
     Mutant {
         name: "truncate-keeps-one-row-too-many",
@@ -194,6 +222,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "head.truncate((len + 1) * head_dim);",
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "last-layer-tap-not-final-normed",
@@ -202,6 +231,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "tap_values[t] = x.clone();",
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
+        requires: &[],
     },
     // The NPU backend (simulated device, plan, packing) and the attention dot product.
     Mutant {
@@ -211,6 +241,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "        let _ = len;\n        Ok(())",
         tests: &["-p", "npu-runtime", "--test", "npu_sim"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "npu-kv-append-one-position-late",
@@ -219,6 +250,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let to = (kh * g.capacity + (pass.position + i + 1).min(g.capacity - 1)) * hd;",
         tests: &["-p", "npu-runtime", "--test", "npu_sim"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "npu-pack-drops-the-first-tile-byte",
@@ -227,6 +259,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "padded([&matrix.bytes()[1..], &[0u8][..]].concat(), spec)",
         tests: &["-p", "npu-runtime", "--test", "npu_sim"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "npu-taps-copied-into-slot-zero",
@@ -235,6 +268,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "taps[i * w..i * w + h]",
         tests: &["-p", "npu-runtime", "--test", "npu_sim"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "attention-dot-drops-the-tail",
@@ -243,6 +277,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "        let _ = (j, x, y);",
         tests: &["-p", "onebit-kernels", "--test", "matmul"],
         also: None,
+        requires: &[],
     },
 
     Mutant {
@@ -252,6 +287,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "        self.mark = None;",
         tests: &["-p", "mtp", "--test", "upstream"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "sampler-temperature-ignored",
@@ -260,6 +296,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "*pi = (l - max).exp();",
         tests: &["-p", "mtp", "--test", "sampling"],
         also: None,
+        requires: &[],
     },
 
     Mutant {
@@ -269,6 +306,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let (span, committed) = (g.capacity * row_bytes, 0);",
         tests: &["-p", "npu-runtime", "--test", "npu_sim"],
         also: None,
+        requires: &[],
     },
 
     // Prompt lookup and the adaptive draft length.
@@ -279,6 +317,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let at = follow + j - 1;",
         tests: &["-p", "mtp", "--lib", "--test", "lookup"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "adaptive-k-ignores-acceptance",
@@ -287,6 +326,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let p = acceptance.get(j).map_or(1.0_f64, |_| 1.0);",
         tests: &["-p", "mtp", "--test", "adaptive", "--test", "lookup"],
         also: None,
+        requires: &[],
     },
     Mutant {
         name: "cost-model-ignores-row-count",
@@ -295,6 +335,7 @@ pub const MUTANTS: &[Mutant] = &[
         replace: "let pass = cost(1);",
         tests: &["-p", "mtp", "--test", "adaptive"],
         also: None,
+        requires: &[],
     },
 ];
 
@@ -345,27 +386,24 @@ fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
 }
 
 /// How a test run ended.
+#[derive(Debug, PartialEq)]
 enum Outcome {
     Passed,
     /// Tests failed: how many checks (test functions) failed.
     Failed(usize),
-    /// The mutant does not compile (counts as caught: the build is a check too).
-    BuildFailed,
+    /// A test binary died without a result (a crash or an abort): caught.
+    Crashed,
+    /// The mutated workspace does not compile: the mutant tests nothing (it rotted
+    /// with a refactor), so it is reported as unviable and fails the run.
+    Unviable,
 }
 
-fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
-    let out = Command::new(env!("CARGO"))
-        .arg("test")
-        .arg("--no-fail-fast")
-        .args(args)
-        .current_dir(ws)
-        .env("CARGO_TARGET_DIR", ws.join("target"))
-        .output()?;
-    if out.status.success() {
-        return Ok(Outcome::Passed);
+/// Classifies a finished `cargo test` from its exit status and output.
+fn classify(success: bool, stdout: &str, stderr: &str) -> Outcome {
+    if success {
+        return Outcome::Passed;
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let failed: usize = text
+    let failed: usize = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("test result: FAILED. "))
         .filter_map(|l| {
@@ -376,11 +414,101 @@ fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
                 .ok()
         })
         .sum();
-    Ok(if failed == 0 {
-        Outcome::BuildFailed
-    } else {
+    if failed > 0 {
         Outcome::Failed(failed)
-    })
+    } else if stderr.contains("error: could not compile") || !stderr.contains("Running ") {
+        // No test binary ran: the build failed.
+        Outcome::Unviable
+    } else {
+        Outcome::Crashed
+    }
+}
+
+fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
+    let out = Command::new(env!("CARGO"))
+        .arg("test")
+        .arg("--no-fail-fast")
+        .args(args)
+        .current_dir(ws)
+        .env("CARGO_TARGET_DIR", ws.join("target"))
+        .output()?;
+    Ok(classify(
+        out.status.success(),
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    ))
+}
+
+/// Whether this CPU has a feature, by the name `is_x86_feature_detected!` takes.
+/// Unknown names are an error (a typo must not turn a mutant into "not applicable").
+fn cpu_has(feature: &str) -> Result<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Ok(match feature {
+            "sse4.1" => std::arch::is_x86_feature_detected!("sse4.1"),
+            "avx" => std::arch::is_x86_feature_detected!("avx"),
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            "fma" => std::arch::is_x86_feature_detected!("fma"),
+            "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            "avx512vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
+            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
+            other => bail!("mutants: unknown CPU feature '{other}' in the catalogue"),
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = feature;
+        Ok(false)
+    }
+}
+
+/// The features of `requires` this CPU lacks (by `has`).
+fn missing_features(
+    requires: &[&'static str],
+    has: impl Fn(&str) -> Result<bool>,
+) -> Result<Vec<&'static str>> {
+    let mut missing = Vec::new();
+    for &f in requires {
+        if !has(f)? {
+            missing.push(f);
+        }
+    }
+    Ok(missing)
+}
+
+/// The verdicts of a run, counted.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    caught: usize,
+    missed: usize,
+    unviable: usize,
+    not_applicable: usize,
+}
+
+impl Tally {
+    /// The summary line every run ends with.
+    fn line(&self) -> String {
+        format!(
+            "mutants: {} caught, {} missed, {} unviable, {} not applicable",
+            self.caught, self.missed, self.unviable, self.not_applicable
+        )
+    }
+
+    /// Missed and unviable mutants fail the run; not-applicable ones do not.
+    fn check(&self) -> Result<()> {
+        if self.missed > 0 || self.unviable > 0 {
+            bail!(
+                "mutants: {} missed and {} unviable (a mutant that does not compile or whose anchor vanished tests nothing)",
+                self.missed,
+                self.unviable
+            );
+        }
+        Ok(())
+    }
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -412,81 +540,185 @@ pub fn run(args: &[String]) -> Result<()> {
     if selected.is_empty() {
         bail!("mutants: no mutant named {only:?}");
     }
-    println!("mutants: baseline (the unmutated tests must pass)");
+    let mut missing = Vec::new();
     for m in &selected {
-        if !matches!(cargo_test(&ws, &tests_of(m))?, Outcome::Passed) {
+        missing.push(missing_features(m.requires, cpu_has)?);
+    }
+    println!("mutants: baseline (the unmutated tests must pass)");
+    for (m, lacks) in selected.iter().zip(&missing) {
+        if lacks.is_empty() && !matches!(cargo_test(&ws, &tests_of(m))?, Outcome::Passed) {
             bail!("mutants: the tests of '{}' fail without any mutant", m.name);
         }
     }
     let mut rows: Vec<(String, String, f64)> = Vec::new();
-    let mut missed = 0;
-    for m in selected {
+    let mut tally = Tally::default();
+    for (m, lacks) in selected.into_iter().zip(missing) {
         let path: PathBuf = ws.join(m.file);
         let original = std::fs::read_to_string(&path)?;
-        let verdict = if original.matches(m.find).count() != 1 {
-            missed += 1;
-            "ROTTEN (anchor not found exactly once)".to_string()
-        } else {
-            std::fs::write(&path, original.replacen(m.find, m.replace, 1))?;
-            let second = match m.also {
-                Some((file, find, replace)) => {
-                    let p2 = ws.join(file);
-                    let before = std::fs::read_to_string(&p2)?;
-                    let current = if file == m.file {
-                        original.replacen(m.find, m.replace, 1)
+        if original.matches(m.find).count() != 1 {
+            tally.unviable += 1;
+            rows.push((
+                m.name.into(),
+                "UNVIABLE (anchor not found exactly once)".into(),
+                0.0,
+            ));
+            continue;
+        }
+        if !lacks.is_empty() {
+            tally.not_applicable += 1;
+            rows.push((
+                m.name.into(),
+                format!("not applicable (needs {})", lacks.join(", ")),
+                0.0,
+            ));
+            continue;
+        }
+        std::fs::write(&path, original.replacen(m.find, m.replace, 1))?;
+        let second = match m.also {
+            Some((file, find, replace)) => {
+                let p2 = ws.join(file);
+                let before = std::fs::read_to_string(&p2)?;
+                let current = if file == m.file {
+                    original.replacen(m.find, m.replace, 1)
+                } else {
+                    before.clone()
+                };
+                if current.matches(find).count() != 1 {
+                    std::fs::write(&path, &original)?;
+                    bail!(
+                        "mutants: '{}': second anchor not found exactly once in {file}",
+                        m.name
+                    );
+                }
+                std::fs::write(&p2, current.replacen(find, replace, 1))?;
+                Some((
+                    p2,
+                    if file == m.file {
+                        original.clone()
                     } else {
-                        before.clone()
-                    };
-                    if current.matches(find).count() != 1 {
-                        std::fs::write(&path, &original)?;
-                        bail!(
-                            "mutants: '{}': second anchor not found exactly once in {file}",
-                            m.name
-                        );
-                    }
-                    std::fs::write(&p2, current.replacen(find, replace, 1))?;
-                    Some((
-                        p2,
-                        if file == m.file {
-                            original.clone()
-                        } else {
-                            before
-                        },
-                    ))
-                }
-                None => None,
-            };
-            let start = Instant::now();
-            let passed = cargo_test(&ws, &tests_of(m));
-            std::fs::write(&path, &original)?;
-            if let Some((p2, before)) = second {
-                std::fs::write(p2, before)?;
+                        before
+                    },
+                ))
             }
-            let secs = start.elapsed().as_secs_f64();
-            match passed? {
-                Outcome::Failed(n) => {
-                    rows.push((m.name.into(), format!("caught ({n} failing)"), secs));
-                    continue;
-                }
-                Outcome::BuildFailed => {
-                    rows.push((m.name.into(), "caught (build)".into(), secs));
-                    continue;
-                }
-                Outcome::Passed => {
-                    missed += 1;
-                    "MISSED".to_string()
-                }
+            None => None,
+        };
+        let start = Instant::now();
+        let outcome = cargo_test(&ws, &tests_of(m));
+        std::fs::write(&path, &original)?;
+        if let Some((p2, before)) = second {
+            std::fs::write(p2, before)?;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let verdict = match outcome? {
+            Outcome::Failed(n) => {
+                tally.caught += 1;
+                format!("caught ({n} failing)")
+            }
+            Outcome::Crashed => {
+                tally.caught += 1;
+                "caught (test binary crashed)".into()
+            }
+            Outcome::Unviable => {
+                tally.unviable += 1;
+                "UNVIABLE (does not compile)".into()
+            }
+            Outcome::Passed => {
+                tally.missed += 1;
+                "MISSED".into()
             }
         };
-        rows.push((m.name.into(), verdict, 0.0));
+        rows.push((m.name.into(), verdict, secs));
     }
-    println!("\n{:<58} {:<20} {:>8}", "mutant", "result", "seconds");
+    println!("\n{:<58} {:<32} {:>8}", "mutant", "result", "seconds");
     for (name, verdict, secs) in &rows {
-        println!("{name:<58} {verdict:<20} {secs:>8.1}");
+        println!("{name:<58} {verdict:<32} {secs:>8.1}");
     }
-    println!("\n{} caught, {missed} missed", rows.len() - missed);
-    if missed > 0 {
-        bail!("mutants: {missed} mutant(s) not caught");
+    println!("\n{}", tally.line());
+    tally.check()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUILD_FAILED: &str = "   Compiling mtp v0.1.0\nerror[E0308]: mismatched types\nerror: could not compile `mtp` (lib) due to 1 previous error\n";
+
+    #[test]
+    fn a_mutant_that_does_not_compile_is_unviable_not_caught() {
+        assert_eq!(classify(false, "", BUILD_FAILED), Outcome::Unviable);
+        // No FAILED line and no test binary run is a build failure too.
+        assert_eq!(
+            classify(false, "", "error: some cargo failure\n"),
+            Outcome::Unviable
+        );
     }
-    Ok(())
+
+    #[test]
+    fn failing_tests_are_counted_and_a_crash_is_caught() {
+        let stdout = "running 3 tests\ntest result: FAILED. 1 passed; 2 failed; 0 ignored\n\
+                      test result: FAILED. 0 passed; 1 failed; 0 ignored\n";
+        assert_eq!(classify(false, stdout, ""), Outcome::Failed(3));
+        let stderr = "     Running tests/reference.rs (target/debug/deps/reference-1234)\n\
+                      error: test failed, to rerun pass `--test reference`\n\
+                      Caused by:\n  process didn't exit successfully (signal: 11, SIGSEGV)\n";
+        assert_eq!(
+            classify(false, "running 2 tests\n", stderr),
+            Outcome::Crashed
+        );
+        assert_eq!(classify(true, "test result: ok.", ""), Outcome::Passed);
+    }
+
+    #[test]
+    fn unviable_and_missed_fail_the_run_not_applicable_does_not() {
+        let ok = Tally {
+            caught: 3,
+            not_applicable: 2,
+            ..Tally::default()
+        };
+        assert!(ok.check().is_ok());
+        assert_eq!(
+            ok.line(),
+            "mutants: 3 caught, 0 missed, 0 unviable, 2 not applicable"
+        );
+        for bad in [
+            Tally {
+                unviable: 1,
+                ..Tally::default()
+            },
+            Tally {
+                missed: 1,
+                ..Tally::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn missing_cpu_features_make_a_mutant_not_applicable() {
+        let avx2_only = |f: &str| -> Result<bool> { Ok(f == "avx2" || f == "fma") };
+        assert_eq!(
+            missing_features(&["avx512f"], avx2_only).unwrap(),
+            ["avx512f"]
+        );
+        assert!(missing_features(&["avx2", "fma"], avx2_only)
+            .unwrap()
+            .is_empty());
+        assert!(missing_features(&[], avx2_only).unwrap().is_empty());
+    }
+
+    /// Every feature the catalogue names is one the detector knows, and every mutant
+    /// of an AVX-512 intrinsic path says it needs avx512f.
+    #[test]
+    fn the_catalogue_names_known_features_for_its_isa_mutants() {
+        for m in MUTANTS {
+            for f in m.requires {
+                assert!(cpu_has(f).is_ok(), "{}: unknown feature {f}", m.name);
+            }
+            if m.find.contains("_mm512_") || m.replace.contains("_mm512_") {
+                assert!(m.requires.contains(&"avx512f"), "{}", m.name);
+            }
+        }
+        assert!(cpu_has("avx513").is_err());
+    }
 }

@@ -59,7 +59,10 @@ fn bench(c: &mut Criterion) {
     let smollm2 =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
     if !smollm2.join("model.q4nx").is_file() {
-        eprintln!("skipped: smollm2_verify: run `cargo xtask fetch-model smollm2` first");
+        test_support::skip!(
+            "smollm2_verify",
+            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
+        );
         return;
     }
     use npu_runtime::{CpuTarget, Forward, TargetPackage};

@@ -23,6 +23,7 @@ fn writer_err(e: q4nx_format::FormatError) -> DraftError {
 }
 
 impl PackageBuilder {
+    /// A builder for a package of `config`, with no tensors yet.
     pub fn new(config: DraftConfig) -> PackageBuilder {
         PackageBuilder {
             config,

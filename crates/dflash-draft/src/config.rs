@@ -15,21 +15,33 @@ pub const DEFAULT_WEIGHTS: &str = "dflash_weight.q4nx";
 /// Hyper-parameters and geometry of a draft.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DraftConfig {
+    /// Draft decoder layers.
     pub num_layers: usize,
+    /// Width of the draft's hidden state (the target's).
     pub hidden_size: usize,
+    /// Width of each layer's MLP.
     pub intermediate_size: usize,
+    /// Attention (query) heads.
     pub num_heads: usize,
+    /// Key/value heads (grouped-query attention).
     pub num_kv_heads: usize,
+    /// Width of one attention head.
     pub head_dim: usize,
+    /// Positions per draft block: the anchor token plus `block_size - 1` drafts.
     pub block_size: usize,
+    /// The token filling the block's not-yet-drafted positions.
     pub mask_token_id: u32,
+    /// The target layers whose hidden states are tapped as context, in order.
     pub target_layer_ids: Vec<usize>,
     /// Attention window over context positions; `None` is unlimited.
     pub sliding_window: Option<usize>,
+    /// RoPE base frequency.
     pub rope_theta: f32,
+    /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
     /// Multiplies the block's token embeddings (1 when the package does not scale).
     pub embedding_scale: f32,
+    /// The vocabulary the draft was trained for, when the config states it.
     pub vocab_size: Option<usize>,
     /// Positions the draft's rope was trained for (its position budget).
     pub max_position_embeddings: usize,

@@ -50,6 +50,7 @@ struct LayerViews<'a> {
 /// The draft's weights ready for the forward: tile views into the mapped file and the
 /// (small) gains widened to f32.
 pub struct DraftWeights<'a> {
+    /// The draft's configuration.
     pub config: DraftConfig,
     layers: Vec<LayerViews<'a>>,
     fc: &'a [u8],

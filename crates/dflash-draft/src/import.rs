@@ -18,6 +18,7 @@ use crate::package::{load_draft, Gain, Projection, TargetShape};
 /// What an import did: tensors written and the largest change any value suffered.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ImportReport {
+    /// Tensors written to the package.
     pub tensors: usize,
     /// Largest |decoded - source| over projection weights (0 for q4_1-representable drafts).
     pub max_projection_error: f32,
@@ -25,6 +26,7 @@ pub struct ImportReport {
     pub max_gain_error: f32,
     /// Largest |decoded - source| over the fusion matrix (bf16 rounding).
     pub max_fusion_error: f32,
+    /// The package's inventory line (as `onebit inspect` prints it).
     pub inventory: String,
 }
 

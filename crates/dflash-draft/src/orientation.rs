@@ -18,7 +18,9 @@ pub type Figures = [f64; 4];
 /// Both readings and the verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Orientation {
+    /// Figures of the declared (block-column) reading.
     pub declared: Figures,
+    /// Figures of a plain row-major reading of the same bytes.
     pub plain: Figures,
 }
 

@@ -14,12 +14,19 @@ use crate::error::{DraftError, Result};
 /// The seven projections of a draft layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Projection {
+    /// Query projection.
     Q,
+    /// Key projection.
     K,
+    /// Value projection.
     V,
+    /// Attention output projection.
     O,
+    /// MLP gate projection.
     Gate,
+    /// MLP up projection.
     Up,
+    /// MLP down projection.
     Down,
 }
 
@@ -69,9 +76,13 @@ impl Projection {
 /// The RMSNorm gains of a draft.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Gain {
+    /// A layer's input RMSNorm gain.
     Input(usize),
+    /// A layer's post-attention RMSNorm gain.
     PostAttention(usize),
+    /// A layer's query RMSNorm gain.
     QNorm(usize),
+    /// A layer's key RMSNorm gain.
     KNorm(usize),
     /// `hidden_norm`, applied to the fused context.
     Hidden,
@@ -141,14 +152,19 @@ impl Default for LoadOptions {
 pub struct TargetShape {
     /// How the target is named in messages (its directory).
     pub name: String,
+    /// The target's decoder layers.
     pub num_layers: usize,
+    /// The target's hidden width.
     pub hidden_size: usize,
+    /// The target's vocabulary size.
     pub vocab_size: usize,
 }
 
 /// A checked draft package; tensors stay in the mapped file.
 pub struct DraftModel {
+    /// The package directory.
     pub dir: PathBuf,
+    /// The checked `config.json`.
     pub config: DraftConfig,
     container: Container,
 }

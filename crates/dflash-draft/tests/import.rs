@@ -84,9 +84,21 @@ fn dflash_ref_draft_imports_losslessly() {
         .iter()
         .zip(&fc)
         .all(|(a, b)| *a == half::bf16::from_f32(*b).to_f32()));
-    // A trained draft's fusion matrix: the declared order reads consistently.
+    // The one trained draft we have: its fusion matrix (128 x 384, briefly trained) has
+    // no neighbour structure the check can see — every figure of both readings is
+    // below 0.05 in magnitude, as for independent noise — so both readings read
+    // consistently and the check abstains rather than confirm or refute the order.
+    // (The order itself is proved by the reference test: `fused` matches z-lab's to
+    // 5e-6 with the float32 matrix read in the declared order.)
     let o = fusion_orientation(&draft).unwrap();
     eprintln!("orientation {o:?}");
+    assert!(o.declared_consistent(), "{o:?}");
+    assert!(o.plain_consistent(), "{o:?}");
+    assert!(!o.confirms_declared_order(), "{o:?}");
+    assert!(
+        o.declared.iter().chain(&o.plain).all(|f| f.abs() < 0.05),
+        "{o:?}"
+    );
 }
 
 #[test]

@@ -17,7 +17,11 @@ fn real_package_arm() {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/fixtures/bolt-draft")
         });
     if !dir.join("config.json").exists() {
-        eprintln!("skipped: real_package_arm: no package at {} (set ONEBIT_TEST_DFLASH_DRAFT or run `cargo xtask fixtures`)", dir.display());
+        test_support::skip!(
+            "real_package_arm",
+            "no package at {} (set ONEBIT_TEST_DFLASH_DRAFT or run `cargo xtask fixtures`)",
+            dir.display()
+        );
         return;
     }
     let start = Instant::now();

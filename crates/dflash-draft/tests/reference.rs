@@ -3,10 +3,19 @@
 //! logits, tokens), plain greedy decoding, and a straightforward draft → verify loop
 //! reproducing z-lab's `dflash_generate` token for token and round for round.
 //!
-//! Tolerance 1e-4 absolute on activations: the reference is float32 torch over exactly
-//! the weights the packages hold (projections q4_1-exact; the fusion matrix is stored
-//! BF16, which moves `fused` by up to a few 1e-4 relative — measured below), and the
-//! decisive margins are 0.0226 (target) and 2.83 (draft) per the fixture README.
+//! Tolerances are absolute, each twice the error measured on this fixture (the margin
+//! covers accumulation-order differences between machines and kernels), and each says
+//! where its error comes from. The reference is float32 torch over exactly the weights
+//! the packages hold, except the fusion matrix, which draft packages store BF16:
+//! - the target side (taps, context, logits) differs only by f32 accumulation order:
+//!   measured 4.1e-6 to 1.03e-5;
+//! - `fused` with the source's float32 fusion matrix: 5.2e-6 (the forward is exact);
+//!   with the package's BF16 matrix: 4.61e-3 — the BF16 rounding (relative 2⁻⁹ per
+//!   weight over 384 inputs) is the error source, and every draft quantity after it
+//!   inherits it (layer outputs 6.3e-3 and 1.14e-2, hidden 3.25e-3, logits 4.38e-3).
+//!
+//! The decisive margins are 0.0226 (target) and 2.83 (draft) per the fixture README,
+//! far above these errors, so the token checks are exact.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -57,7 +66,7 @@ struct Setup {
 fn setup() -> Setup {
     let target_dir = tempfile::tempdir().unwrap();
     let (writer, config, _) =
-        q4nx_format::convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
+        q4nx_convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
     writer
         .write_file(target_dir.path().join("model.q4nx"))
         .unwrap();
@@ -100,11 +109,16 @@ fn block_zero_matches_the_reference() {
             .collect();
         let d = max_diff(&got, &f(&format!("target_hidden.{layer}")));
         eprintln!("target_hidden.{layer}: {d:.2e}");
-        assert!(d < 1e-4);
+        // Measured up to 1.03e-5 (layer 2): f32 accumulation order.
+        assert!(d < 2.1e-5, "target_hidden.{layer}: {d:.2e}");
     }
     let context = rows.rows_slice(0..10).to_vec();
-    assert!(max_diff(&context, &f("context")) < 1e-4);
-    assert!(max_diff(&logits[9 * 512..], &f("prompt_logits_last")) < 1e-4);
+    let d_context = max_diff(&context, &f("context"));
+    let d_prompt_logits = max_diff(&logits[9 * 512..], &f("prompt_logits_last"));
+    eprintln!("context {d_context:.2e}, prompt_logits_last {d_prompt_logits:.2e}");
+    // Measured 1.03e-5 (the taps again) and 8.05e-6: f32 accumulation order.
+    assert!(d_context < 2.1e-5, "{d_context:.2e}");
+    assert!(d_prompt_logits < 1.7e-5, "{d_prompt_logits:.2e}");
     assert_eq!(argmax(&logits[9 * 512..]), 357);
 
     let w = s.draft.weights().unwrap();
@@ -135,8 +149,10 @@ fn block_zero_matches_the_reference() {
     eprintln!(
         "fused: {d_fused:.2e} with the BF16 fusion matrix, {d_exact:.2e} with the float32 one"
     );
-    assert!(d_exact < 1e-4);
-    assert!(d_fused < 1e-2);
+    // Measured 5.19e-6 with the float32 matrix (accumulation order) and 4.61e-3 with the
+    // package's BF16 matrix (its rounding).
+    assert!(d_exact < 1.1e-5, "{d_exact:.2e}");
+    assert!(d_fused < 9.3e-3, "{d_fused:.2e}");
 
     let block = ints(&s.reference, "block0_tokens");
     let hooks = TargetHooks(&target);
@@ -144,13 +160,19 @@ fn block_zero_matches_the_reference() {
     for (l, layer_out) in out.layer_outputs.iter().enumerate() {
         let d = max_diff(layer_out, &f(&format!("block0_draft_layer_out.{l}")));
         eprintln!("block0_draft_layer_out.{l}: {d:.2e}");
-        assert!(d < 2e-2);
+        // Measured 6.32e-3 and 1.14e-2: the BF16 fusion matrix's error, carried on.
+        assert!(
+            d < [1.3e-2, 2.3e-2][l],
+            "block0_draft_layer_out.{l}: {d:.2e}"
+        );
     }
     let d_hidden = max_diff(&out.hidden, &f("block0_draft_hidden"));
     let draft_logits = target.lm_head(&out.hidden[h..], 7);
     let d_logits = max_diff(&draft_logits, &f("block0_draft_logits"));
     eprintln!("block0_draft_hidden {d_hidden:.2e}, block0_draft_logits {d_logits:.2e}");
-    assert!(d_hidden < 2e-2 && d_logits < 2e-2);
+    // Measured 3.25e-3 and 4.38e-3: the BF16 fusion matrix's error, carried on.
+    assert!(d_hidden < 6.5e-3, "{d_hidden:.2e}");
+    assert!(d_logits < 8.8e-3, "{d_logits:.2e}");
     assert_eq!(out.tokens, ints(&s.reference, "block0_draft_tokens"));
 }
 

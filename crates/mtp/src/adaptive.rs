@@ -167,6 +167,7 @@ pub struct AcceptanceEstimate {
 }
 
 impl AcceptanceEstimate {
+    /// An estimate that forgets by `decay` per round and starts every position at `prior`.
     pub fn new(decay: f64, prior: f64) -> AcceptanceEstimate {
         AcceptanceEstimate {
             reached: Vec::new(),
@@ -318,6 +319,7 @@ pub struct AdaptiveK {
 }
 
 impl AdaptiveK {
+    /// Per-run state for `config`, with no costs or acceptance seen yet.
     pub fn new(config: AdaptiveConfig) -> AdaptiveK {
         AdaptiveK {
             estimate: AcceptanceEstimate::new(config.decay, config.prior),

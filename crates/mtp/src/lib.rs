@@ -22,6 +22,9 @@
 //! second from the timed pass costs by row count, the draft's cost and the acceptance
 //! seen at each draft position.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod adaptive;
 mod dflash;
 mod head;
@@ -42,6 +45,6 @@ pub use head::DraftHead;
 pub use hooks::PackageHooks;
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, RunOptions, RunOutput, StopReason};
-pub use sample::{Sampler, SamplingConfig};
+pub use run::{run, RunError, RunOptions, RunOutput, StopReason};
+pub use sample::{Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

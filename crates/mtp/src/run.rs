@@ -7,7 +7,7 @@ use npu_runtime::{Forward, TargetError};
 
 use crate::adaptive::{AdaptiveConfig, AdaptiveK, Choice, MAX_TRACKED_ROWS};
 use crate::head::DraftHead;
-use crate::sample::{Sampler, SamplingConfig};
+use crate::sample::{Sampler, SamplingConfig, SamplingError};
 use crate::stats::Stats;
 
 /// How to run.
@@ -22,24 +22,45 @@ pub struct RunOptions {
     /// `onebit run`). `None`: always draft `draft_max` (fixed k).
     /// Tokens that end the run (not emitted).
     pub stop_tokens: Vec<u32>,
+    /// Greedy or sampled picks, checked when the run starts.
     pub sampling: SamplingConfig,
+    /// Adaptive draft length (`None`: draft `draft_max` every round).
     pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// Why a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// `max_tokens` tokens were emitted.
     MaxTokens,
+    /// A stop token came (it is not emitted).
     StopToken,
     /// The callback asked to stop.
     Callback,
 }
 
+/// Why `run` refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No prompt tokens: the first pick needs the logits of the prompt's last token.
+    #[error("mtp::run: the prompt is empty (at least one token is needed)")]
+    EmptyPrompt,
+    /// A sampling parameter is out of range.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The target failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+}
+
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct RunOutput {
+    /// The emitted tokens, in order (stop tokens excluded).
     pub tokens: Vec<u32>,
+    /// Why the run ended.
     pub stop: StopReason,
+    /// Rounds, acceptance and time split.
     pub stats: Stats,
 }
 
@@ -63,9 +84,12 @@ pub fn run(
     prompt: &[u32],
     options: &RunOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<RunOutput, TargetError> {
+) -> Result<RunOutput, RunError> {
+    if prompt.is_empty() {
+        return Err(RunError::EmptyPrompt);
+    }
     let vocab = base.config().vocab_size;
-    let mut sampler = Sampler::new(options.sampling);
+    let mut sampler = Sampler::new(options.sampling)?;
     let mut stats = Stats::default();
     let mut tokens = Vec::new();
     if let Some(h) = head.as_deref_mut() {

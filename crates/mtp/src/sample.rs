@@ -5,11 +5,39 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 /// How to pick tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct SamplingConfig {
-    /// 0 means greedy (argmax).
+    /// A finite number >= 0; 0 means greedy (argmax).
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 keeps every token.
     pub top_p: f32,
+    /// Seeds the sampler's random draws.
     pub seed: u64,
+}
+
+/// A sampling parameter out of its range; the message names the parameter and value.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// The temperature is NaN, infinite or negative.
+    #[error("sampling: temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    /// top_p is NaN or outside (0, 1].
+    #[error("sampling: top_p must be a number in (0, 1], got {0}")]
+    TopP(f32),
+}
+
+impl SamplingConfig {
+    /// Refuses parameters out of range: the one check every front end (CLI, server)
+    /// relies on. `-0.0` counts as 0 (greedy).
+    pub fn check(&self) -> Result<(), SamplingError> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(SamplingError::Temperature(t));
+        }
+        let p = self.top_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(SamplingError::TopP(p));
+        }
+        Ok(())
+    }
 }
 
 /// A seeded sampler.
@@ -19,11 +47,14 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(config: SamplingConfig) -> Sampler {
-        Sampler {
+    /// A sampler for `config`, refused when a parameter is out of range
+    /// ([`SamplingConfig::check`]).
+    pub fn new(config: SamplingConfig) -> Result<Sampler, SamplingError> {
+        config.check()?;
+        Ok(Sampler {
             rng: StdRng::seed_from_u64(config.seed),
             config,
-        }
+        })
     }
 
     /// True when picks are argmax (no randomness).

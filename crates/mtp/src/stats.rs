@@ -9,15 +9,21 @@ pub struct Stats {
     pub rounds: usize,
     /// Single-token target passes without a draft.
     pub plain_steps: usize,
+    /// Draft tokens proposed in all rounds.
     pub drafted: usize,
+    /// Draft tokens accepted in all rounds.
     pub accepted: usize,
     /// Accepted drafts of each round, in order.
     pub accepted_per_round: Vec<usize>,
     /// `[i]`: rounds that drafted a token at draft position i, and how many were accepted.
     pub offered_at: Vec<usize>,
+    /// Per draft position: how many rounds accepted a draft there.
     pub accepted_at: Vec<usize>,
+    /// Seconds in target passes.
     pub target_seconds: f64,
+    /// Seconds in the draft head.
     pub draft_seconds: f64,
+    /// Seconds picking and verifying tokens.
     pub sampling_seconds: f64,
     /// `[k]`: rounds for which the loop chose k drafts (0: a plain step by choice;
     /// the drafter may still have offered fewer). Empty without a drafter.

@@ -19,7 +19,7 @@ fn fixture(name: &str) -> PathBuf {
 fn reference_trace_through_the_mtp_loop() {
     let target_dir = tempfile::tempdir().unwrap();
     let (writer, config, _) =
-        q4nx_format::convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
+        q4nx_convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
     writer
         .write_file(target_dir.path().join("model.q4nx"))
         .unwrap();

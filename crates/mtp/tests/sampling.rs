@@ -290,7 +290,8 @@ fn distribution_matches_a_float64_reference() {
             temperature,
             top_p,
             seed: 0,
-        });
+        })
+        .unwrap();
         assert!(!sampler.is_greedy());
         let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let weights: Vec<f64> = logits
@@ -328,7 +329,8 @@ fn distribution_matches_a_float64_reference() {
         temperature: 0.0,
         top_p: 1.0,
         seed: 0,
-    });
+    })
+    .unwrap();
     assert!(greedy.is_greedy());
     let g = greedy.distribution(&logits);
     assert_eq!(g[npu_runtime::argmax(&logits)], 1.0);
@@ -426,5 +428,90 @@ fn draft_max_zero_never_consults_the_head() {
         assert_eq!((head.drafts, head.hidden), (0, 0), "two_pass {two_pass}");
         assert_eq!(out.stats.rounds, 0);
         assert_eq!(out.stats.plain_steps, 11);
+    }
+}
+
+fn options_with(temperature: f32, top_p: f32) -> RunOptions {
+    RunOptions {
+        max_tokens: 3,
+        draft_max: 2,
+        stop_tokens: vec![],
+        sampling: SamplingConfig {
+            temperature,
+            top_p,
+            seed: 0,
+        },
+        adaptive: None,
+    }
+}
+
+/// An empty prompt has no last row to pick the first token from: refused by name
+/// before the target runs (it used to underflow `prompt.len() - 1`).
+#[test]
+fn an_empty_prompt_is_refused_before_the_target_runs() {
+    let mut base = toy();
+    let err = run(&mut base, None, &[], &options_with(0.0, 1.0), &mut |_| true).unwrap_err();
+    assert!(matches!(err, mtp::RunError::EmptyPrompt), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "mtp::run: the prompt is empty (at least one token is needed)"
+    );
+    assert_eq!(base.position(), 0, "the target ran on an empty prompt");
+}
+
+/// Out-of-range sampling parameters are refused by the sampler's constructor and by
+/// `run`, with the parameter and its value in the message; the edges of the ranges
+/// are accepted.
+#[test]
+fn sampling_parameters_out_of_range_are_refused_by_value() {
+    for (temperature, top_p, message) in [
+        (
+            f32::NAN,
+            1.0,
+            "sampling: temperature must be a finite number >= 0, got NaN",
+        ),
+        (
+            -1.0,
+            1.0,
+            "sampling: temperature must be a finite number >= 0, got -1",
+        ),
+        (
+            f32::INFINITY,
+            1.0,
+            "sampling: temperature must be a finite number >= 0, got inf",
+        ),
+        (
+            0.7,
+            0.0,
+            "sampling: top_p must be a number in (0, 1], got 0",
+        ),
+        (
+            0.7,
+            1.5,
+            "sampling: top_p must be a number in (0, 1], got 1.5",
+        ),
+        (
+            0.7,
+            -0.1,
+            "sampling: top_p must be a number in (0, 1], got -0.1",
+        ),
+        (
+            0.0,
+            f32::NAN,
+            "sampling: top_p must be a number in (0, 1], got NaN",
+        ),
+    ] {
+        let options = options_with(temperature, top_p);
+        let err = mtp::Sampler::new(options.sampling).err().unwrap();
+        assert_eq!(err.to_string(), message);
+        let mut base = toy();
+        let err = run(&mut base, None, &[1, 2], &options, &mut |_| true).unwrap_err();
+        assert!(matches!(err, mtp::RunError::Sampling(_)), "{err:?}");
+        assert_eq!(err.to_string(), message);
+        assert_eq!(base.position(), 0, "the target ran with {message}");
+    }
+    for (temperature, top_p) in [(0.0, 1.0), (-0.0, 1.0), (1e-6, 1e-6), (100.0, 1.0)] {
+        let sampler = mtp::Sampler::new(options_with(temperature, top_p).sampling);
+        assert!(sampler.is_ok(), "t={temperature} top_p={top_p} refused");
     }
 }

@@ -22,6 +22,8 @@
 //! # Ok::<(), npu_runtime::TargetError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod cpu;
 mod error;
 mod forward;

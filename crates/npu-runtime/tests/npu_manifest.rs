@@ -184,14 +184,14 @@ fn presence_probe_explains_why_the_npu_is_or_is_not_usable() {
 fn hardware_smoke() {
     let presence = npu_runtime::npu::presence::probe_this_machine();
     if !presence.usable {
-        eprintln!("skipped: hardware_smoke: {}", presence.reason);
+        test_support::skip!("hardware_smoke", "{}", presence.reason);
         return;
     }
     #[cfg(feature = "xrt")]
     {
         use npu_runtime::npu::Device;
         let Some(manifest) = std::env::var_os("ONEBIT_NPU_MANIFEST") else {
-            eprintln!("skipped: hardware_smoke: an NPU is present but ONEBIT_NPU_MANIFEST names no kernel manifest (see docs/npu.md)");
+            test_support::skip!("hardware_smoke", "an NPU is present but ONEBIT_NPU_MANIFEST names no kernel manifest (see docs/npu.md)");
             return;
         };
         let mut device = npu_runtime::npu::open_npu(Path::new(&manifest), 0).unwrap();

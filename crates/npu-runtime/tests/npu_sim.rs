@@ -337,33 +337,53 @@ fn sim_verify_truncate_and_taps_behave_like_the_cpu_backend() {
     }
 }
 
+/// A whole forward with the embedding head, on both backends, on the tied tiny-llama:
+/// prefill and a decode step, bit for bit; the embedding head really is in use (its
+/// logits differ from the tiles').
 #[test]
 fn sim_runs_the_embedding_head_too() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
-    if !package.config.tie_word_embeddings {
-        let mut options = PlanOptions::for_model(&package.config);
-        options.head = HeadKind::Embedding;
-        let refused = NpuTarget::new(&package, SimDevice::new(Isa::scalar()), options);
-        assert!(refused
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("tie_word_embeddings"));
-        return;
-    }
+    let package = TargetPackage::open(fixture("tiny-llama")).unwrap();
+    assert!(package.config.tie_word_embeddings, "tiny-llama is tied");
     let mut cpu = CpuTarget::new(&package).unwrap();
     cpu.set_head(HeadKind::Embedding).unwrap();
+    let mut tiles = CpuTarget::new(&package).unwrap();
+    tiles.set_head(HeadKind::Tiles).unwrap();
     let mut options = PlanOptions::for_model(&package.config);
     options.head = HeadKind::Embedding;
     options.context = 16;
     let mut sim = NpuTarget::new(&package, SimDevice::new(Isa::detect()), options).unwrap();
-    assert!(cpu.forward(&[5, 6, 7]).unwrap() == sim.forward(&[5, 6, 7]).unwrap());
+    let prefill = cpu.forward(&[5, 6, 7]).unwrap();
+    assert_eq!(prefill.len(), 3 * package.config.vocab_size);
+    assert!(prefill == sim.forward(&[5, 6, 7]).unwrap());
+    assert!(
+        prefill != tiles.forward(&[5, 6, 7]).unwrap(),
+        "the embedding head gave the tiles' logits"
+    );
+    assert!(cpu.forward(&[8]).unwrap() == sim.forward(&[8]).unwrap());
+}
+
+/// The embedding head on the untied tiny-qwen3: both backends refuse it by name.
+#[test]
+fn the_embedding_head_is_refused_on_an_untied_model() {
+    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    assert!(!package.config.tie_word_embeddings, "tiny-qwen3 is untied");
+    let mut options = PlanOptions::for_model(&package.config);
+    options.head = HeadKind::Embedding;
+    let refused = NpuTarget::new(&package, SimDevice::new(Isa::scalar()), options);
+    let message = refused.err().unwrap().to_string();
+    assert!(message.contains("tie_word_embeddings"), "{message}");
+    let mut cpu = CpuTarget::new(&package).unwrap();
+    let message = cpu.set_head(HeadKind::Embedding).unwrap_err().to_string();
+    assert!(message.contains("tie_word_embeddings"), "{message}");
 }
 
 #[test]
 fn the_npu_device_without_xrt_says_so() {
     if xrt_sys_enabled() {
-        eprintln!("skipped: the_npu_device_without_xrt_says_so: this build has the `xrt` feature");
+        test_support::skip!(
+            "the_npu_device_without_xrt_says_so",
+            "this build has the `xrt` feature"
+        );
         return;
     }
     let err = npu_runtime::npu::open_npu(std::path::Path::new("kernels.json"), 0)

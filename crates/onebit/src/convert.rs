@@ -6,8 +6,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use q4nx_format::convert::{tokenizer::tokenizer_json, GgufConverter};
-use q4nx_format::gguf::GgufFile;
+use q4nx_convert::gguf::GgufFile;
+use q4nx_convert::{tokenizer::tokenizer_json, GgufConverter};
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -126,7 +126,7 @@ pub fn convert(gguf_path: &Path, out_dir: &Path, force: bool, quiet: bool) -> Re
 /// A Hugging Face model directory: tiles for projections, BF16 for the rest; the config
 /// (and tokenizer files, when present) are copied.
 fn convert_hf(src: &Path, out_dir: &Path, start: Instant) -> Result<Summary> {
-    let (writer, config, tensors) = q4nx_format::convert::hf::convert_hf_dir(src)?;
+    let (writer, config, tensors) = q4nx_convert::hf::convert_hf_dir(src)?;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("convert: {}: cannot create directory", out_dir.display()))?;
     let target = out_dir.join("model.q4nx");

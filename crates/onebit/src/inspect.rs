@@ -107,16 +107,27 @@ fn inspect_dir(dir: &Path, tensors: bool, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-/// Whether `config.json` declares a DFlash draft (the loader then checks everything).
+/// Whether `config.json` declares a DFlash draft, by `model_type` or by
+/// `architectures` (the loader then checks everything, so a draft with a wrong
+/// `model_type` is refused by name instead of being listed as a target).
 fn is_draft_package(config_path: &Path) -> bool {
     std::fs::read_to_string(config_path)
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
         .is_some_and(|v| {
-            matches!(
+            let draft_type = matches!(
                 v.get("model_type").and_then(Value::as_str),
                 Some("dflash" | "dflash2")
-            )
+            );
+            let draft_arch = v
+                .get("architectures")
+                .and_then(Value::as_array)
+                .is_some_and(|a| {
+                    a.iter().filter_map(Value::as_str).any(|name| {
+                        name == dflash_draft::ARCHITECTURE || name == dflash_draft::ARCHITECTURE_V2
+                    })
+                });
+            draft_type || draft_arch
         })
 }
 

@@ -4,6 +4,8 @@
 //! prints the error chain and exits with status 2, so scripts can tell a refused
 //! input (2) from success (0).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

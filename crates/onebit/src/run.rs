@@ -371,11 +371,16 @@ fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
         } else {
             package.config.eos_token_ids.clone()
         },
-        sampling: SamplingConfig {
-            temperature: args.temp,
-            top_p: args.top_p,
-            seed: args.seed,
-        },
+        sampling: sampling_config(args),
+    }
+}
+
+/// The sampling parameters `args` ask for (checked by [`SamplingConfig::check`]).
+fn sampling_config(args: &RunArgs) -> SamplingConfig {
+    SamplingConfig {
+        temperature: args.temp,
+        top_p: args.top_p,
+        seed: args.seed,
     }
 }
 
@@ -493,6 +498,8 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
+    // The library's check, before anything is loaded.
+    sampling_config(args).check()?;
     if let Some(rule) = &args.oracle {
         return side_by_side(args, Some(rule));
     }

@@ -162,7 +162,7 @@ fn tiny_llama_package_is_byte_identical_and_its_tokenizer_encodes() {
 }
 
 fn gguf_scores(path: &Path) -> Vec<f64> {
-    let file = q4nx_format::gguf::GgufFile::open(path).unwrap();
+    let file = q4nx_convert::gguf::GgufFile::open(path).unwrap();
     file.gguf
         .metadata_value("tokenizer.ggml.scores")
         .and_then(|v| v.as_array())

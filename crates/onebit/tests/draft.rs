@@ -79,3 +79,50 @@ fn inspect_refuses_a_broken_draft_package_by_name() {
             "key 'block_size' 1 drafts nothing",
         ));
 }
+
+/// A draft whose `config.json` declares `architectures: ["DFlashDraftModel"]` but a
+/// wrong `model_type` is routed to the draft loader by its architecture and refused
+/// by name (exit 2), as `run --draft` refuses it, instead of being listed as a target.
+#[test]
+fn inspect_routes_a_draft_by_architectures_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("draft");
+    onebit()
+        .arg("convert-draft")
+        .arg(fixture("dflash-ref/draft"))
+        .arg(&out)
+        .assert()
+        .success();
+    let config = out.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("\"model_type\": \"dflash\""), "{text}");
+    assert!(text.contains("DFlashDraftModel"), "{text}");
+    std::fs::write(
+        &config,
+        text.replace("\"model_type\": \"dflash\"", "\"model_type\": \"qwen3\""),
+    )
+    .unwrap();
+    let message = "key 'model_type' is 'qwen3', not 'dflash'";
+    onebit()
+        .arg("inspect")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicate::str::contains(message));
+    onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1",
+            "--max-tokens",
+            "1",
+            "--model",
+        ])
+        .arg(fixture("tiny-qwen3"))
+        .arg("--draft")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(message));
+}

@@ -173,7 +173,10 @@ fn sim_backend_runs_the_dflash_reference_pair_like_the_cpu() {
 #[test]
 fn npu_backend_without_xrt_is_refused_by_name() {
     if cfg!(feature = "xrt") {
-        eprintln!("skipped: npu_backend_without_xrt_is_refused_by_name: built with `xrt`");
+        test_support::skip!(
+            "npu_backend_without_xrt_is_refused_by_name",
+            "built with `xrt`"
+        );
         return;
     }
     let out = onebit()

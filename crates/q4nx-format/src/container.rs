@@ -18,8 +18,11 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 /// One tensor's entry in the header, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
+    /// The tensor's name.
     pub name: String,
+    /// Element type.
     pub dtype: Dtype,
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
     /// Byte range relative to the start of the data section.
     pub data: Range<usize>,
@@ -339,9 +342,13 @@ fn uint_array(value: Option<&Value>, key: &str) -> std::result::Result<Vec<u64>,
 /// A zero-copy view of one tensor.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorView<'a> {
+    /// The tensor's name.
     pub name: &'a str,
+    /// Element type.
     pub dtype: Dtype,
+    /// Dimensions, outermost first.
     pub shape: &'a [usize],
+    /// The tensor's data, borrowed from the container.
     pub bytes: &'a [u8],
     /// The container's path, for error messages.
     pub path: &'a str,

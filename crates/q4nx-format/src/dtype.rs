@@ -10,20 +10,35 @@ use std::fmt;
 /// for byte, so do not reorder the variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
+    /// Booleans, one byte each.
     Bool,
+    /// Unsigned 8-bit integers.
     U8,
+    /// Signed 8-bit integers (q4_1 tiles are stored as `I8`).
     I8,
+    /// 8-bit floats, 5 exponent and 2 mantissa bits.
     F8E5M2,
+    /// 8-bit floats, 4 exponent and 3 mantissa bits.
     F8E4M3,
+    /// Signed 16-bit integers.
     I16,
+    /// Unsigned 16-bit integers.
     U16,
+    /// IEEE half precision.
     F16,
+    /// bfloat16.
     BF16,
+    /// Signed 32-bit integers.
     I32,
+    /// Unsigned 32-bit integers.
     U32,
+    /// IEEE single precision.
     F32,
+    /// IEEE double precision.
     F64,
+    /// Signed 64-bit integers.
     I64,
+    /// Unsigned 64-bit integers.
     U64,
 }
 

@@ -46,7 +46,9 @@ pub enum Q4Kind {
 /// Tile-grid geometry of an N x K matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileGrid {
+    /// Rows of the matrix (N).
     pub rows: usize,
+    /// Columns of the matrix (K).
     pub cols: usize,
 }
 
@@ -287,8 +289,11 @@ impl<'a> Q4Matrix<'a> {
 /// One group's q4_1 parameters as stored in a tile: bf16 scale and min, 32 codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Q4Group {
+    /// Scale (BF16).
     pub d: bf16,
+    /// Minimum (BF16): value = d · q + m.
     pub m: bf16,
+    /// The 32 codes, 0..=15.
     pub q: [u8; GROUP_COLS],
 }
 

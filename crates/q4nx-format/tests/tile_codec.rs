@@ -2,7 +2,7 @@
 
 use half::bf16;
 use proptest::prelude::*;
-use q4nx_format::{encode_q4_1, quantize_group, Q4Kind, Q4Matrix, TILE_BYTES};
+use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix, TILE_BYTES};
 
 /// Known-answer formulas for every stored field of an N x K matrix.
 fn d_of(row: usize, group: usize) -> f32 {
@@ -177,6 +177,24 @@ fn representable() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
     })
 }
 
+/// The largest error q4_1 may make on a group spanning `[lo, hi]`, from the format's
+/// definition alone (not from the quantizer under test): 16 levels `m + q·d` with
+/// `m ≈ lo` and `d ≈ (hi − lo)/15`, both stored BF16 (8 significant bits, so each is
+/// within a relative u = 2⁻⁸ of its exact value). Inside the stored range a value is at
+/// most half a step from a level; the range's ends move by the BF16 rounding: the low
+/// end by at most u·|lo|, the high end by at most u·(hi − m). A few f32 roundings in
+/// encode and decode are covered by 1e-6 of the magnitude.
+fn q4_1_bound(lo: f32, hi: f32) -> f32 {
+    let u = 2f32.powi(-8);
+    let (lo64, hi64) = (lo as f64, hi as f64);
+    let span = hi64 - lo64 + u as f64 * lo64.abs(); // hi - m at most
+    let half_step = span * (1.0 + u as f64) / 30.0;
+    let low_end = u as f64 * lo64.abs();
+    let high_end = u as f64 * span;
+    let f32_slack = 1e-6 * lo64.abs().max(hi64.abs());
+    (half_step + low_end + high_end + f32_slack) as f32
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -206,13 +224,9 @@ proptest! {
         for r in 0..n {
             for g in 0..groups {
                 let group = &values[r * k + g * 32..r * k + g * 32 + 32];
-                let stored = quantize_group(group);
-                let (d, m) = (stored.d.to_f32(), stored.m.to_f32());
                 let lo = group.iter().cloned().fold(f32::INFINITY, f32::min);
                 let hi = group.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                // Half a step of the stored scale, plus what bf16 rounding of m and d
-                // moves the representable range's ends by (the format's own loss).
-                let bound = d / 2.0 + (m - lo).abs() + 15.0 * (d - (hi - m) / 15.0).abs() + 1e-6 * hi.abs().max(lo.abs());
+                let bound = q4_1_bound(lo, hi);
                 for c in 0..32 {
                     let i = r * k + g * 32 + c;
                     prop_assert!((values[i] - back[i]).abs() <= bound,

@@ -15,6 +15,8 @@
 //! without it this crate compiles no C++ and only offers [`ENABLED`], the header's
 //! path and the version rules in [`version`]. `build.rs` explains how XRT is found.
 
+#![warn(missing_docs)]
+
 pub mod version;
 
 /// Whether this build links XRT (the cargo feature `xrt`).

@@ -10,6 +10,9 @@
 //!   weights are made unsigned by `w ^ 0x80` (= w + 128) and the surplus `128 · Σx` is
 //!   subtracted from the exact sum.
 
+// The kernels index several per-row arrays (accumulators, inputs) by the same counter.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use super::{I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
@@ -45,19 +48,19 @@ impl<const R: usize> Inputs<R> {
     /// Four codes of row `r` from column `at` as one little-endian i32.
     #[inline(always)]
     unsafe fn quad(&self, r: usize, at: usize) -> i32 {
-        (self.codes[r].add(at) as *const i32).read_unaligned()
+        unsafe { (self.codes[r].add(at) as *const i32).read_unaligned() }
     }
     #[inline(always)]
     unsafe fn scale(&self, r: usize, g: usize) -> f32 {
-        *self.scales[r].add(g)
+        unsafe { *self.scales[r].add(g) }
     }
     #[inline(always)]
     unsafe fn sum(&self, r: usize, g: usize) -> f32 {
-        *self.sums[r].add(g)
+        unsafe { *self.sums[r].add(g) }
     }
     #[inline(always)]
     unsafe fn code_sum(&self, r: usize, g: usize) -> i32 {
-        *self.code_sums[r].add(g)
+        unsafe { *self.code_sums[r].add(g) }
     }
 }
 
@@ -82,8 +85,10 @@ macro_rules! sweep_inputs {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn bf16x16(p: *const u8) -> __m512 {
-    let h = _mm256_loadu_si256(p as *const __m256i);
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    unsafe {
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -93,7 +98,7 @@ pub(super) unsafe fn block_q4_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    sweep_inputs!(q4_512, w, b, x, out)
+    unsafe { sweep_inputs!(q4_512, w, b, x, out) }
 }
 
 #[inline]
@@ -105,50 +110,52 @@ unsafe fn q4_512<const R: usize>(
     i0: usize,
     out: &mut [f32],
 ) {
-    let n = x.rows();
-    let groups = w.cols() / GROUP;
-    let xs = Inputs::<R>::new(x, i0);
-    let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
-    let mask = _mm512_set1_epi8(0x0f);
-    let mut y = [[_mm512_setzero_ps(); 2]; R];
-    for g in 0..groups {
-        let p = base.add(g * Q4_GROUP_BYTES);
-        for h in 0..2 {
-            let mut lo = [_mm512_setzero_si512(); R];
-            let mut hi = [_mm512_setzero_si512(); R];
-            for q in 0..4 {
-                let c = _mm512_loadu_si512(p.add((4 * h + q) * 64) as *const _);
-                let wl = _mm512_and_si512(c, mask);
-                let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+    unsafe {
+        let n = x.rows();
+        let groups = w.cols() / GROUP;
+        let xs = Inputs::<R>::new(x, i0);
+        let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
+        let mask = _mm512_set1_epi8(0x0f);
+        let mut y = [[_mm512_setzero_ps(); 2]; R];
+        for g in 0..groups {
+            let p = base.add(g * Q4_GROUP_BYTES);
+            for h in 0..2 {
+                let mut lo = [_mm512_setzero_si512(); R];
+                let mut hi = [_mm512_setzero_si512(); R];
+                for q in 0..4 {
+                    let c = _mm512_loadu_si512(p.add((4 * h + q) * 64) as *const _);
+                    let wl = _mm512_and_si512(c, mask);
+                    let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+                    for r in 0..R {
+                        let at = g * GROUP + 8 * q;
+                        let bl = _mm512_set1_epi32(xs.quad(r, at));
+                        let bh = _mm512_set1_epi32(xs.quad(r, at + 4));
+                        lo[r] = _mm512_dpbusd_epi32(lo[r], wl, bl);
+                        hi[r] = _mm512_dpbusd_epi32(hi[r], wh, bh);
+                    }
+                }
+                let d = bf16x16(p.add(512 + 32 * h));
+                let m = bf16x16(p.add(576 + 32 * h));
                 for r in 0..R {
-                    let at = g * GROUP + 8 * q;
-                    let bl = _mm512_set1_epi32(xs.quad(r, at));
-                    let bh = _mm512_set1_epi32(xs.quad(r, at + 4));
-                    lo[r] = _mm512_dpbusd_epi32(lo[r], wl, bl);
-                    hi[r] = _mm512_dpbusd_epi32(hi[r], wh, bh);
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r]));
+                    let scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.scale(r, g)));
+                    let sx = _mm512_set1_ps(xs.sum(r, g));
+                    let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum));
+                    y[r][h] = _mm512_add_ps(y[r][h], t);
                 }
             }
-            let d = bf16x16(p.add(512 + 32 * h));
-            let m = bf16x16(p.add(576 + 32 * h));
-            for r in 0..R {
-                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r]));
-                let scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.scale(r, g)));
-                let sx = _mm512_set1_ps(xs.sum(r, g));
-                let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum));
-                y[r][h] = _mm512_add_ps(y[r][h], t);
+        }
+        let mut lanes = [0f32; 16];
+        for (r, yr) in y.iter().enumerate() {
+            for (h, v) in yr.iter().enumerate() {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
+                for (l, &value) in lanes.iter().enumerate() {
+                    out[(16 * h + l) * n + i0 + r] = value;
+                }
             }
         }
+        debug_assert_eq!(BLOCK_ROWS, 32);
     }
-    let mut lanes = [0f32; 16];
-    for (r, yr) in y.iter().enumerate() {
-        for (h, v) in yr.iter().enumerate() {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
-            for (l, &value) in lanes.iter().enumerate() {
-                out[(16 * h + l) * n + i0 + r] = value;
-            }
-        }
-    }
-    debug_assert_eq!(BLOCK_ROWS, 32);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -158,7 +165,7 @@ pub(super) unsafe fn block_i8_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    sweep_inputs!(i8_512, w, b, x, out)
+    unsafe { sweep_inputs!(i8_512, w, b, x, out) }
 }
 
 #[inline]
@@ -170,44 +177,48 @@ unsafe fn i8_512<const R: usize>(
     i0: usize,
     out: &mut [f32],
 ) {
-    let n = x.rows();
-    let groups = w.cols() / GROUP;
-    let xs = Inputs::<R>::new(x, i0);
-    let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
-    let flip = _mm512_set1_epi8(-128);
-    let mut y = [_mm512_setzero_ps(); R];
-    for g in 0..groups {
-        let p = base.add(g * I8_GROUP_BYTES);
-        let mut even = [_mm512_setzero_si512(); R];
-        let mut odd = [_mm512_setzero_si512(); R];
-        for q in (0..GROUP / 4).step_by(2) {
-            let w0 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64) as *const _), flip);
-            let w1 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64 + 64) as *const _), flip);
+    unsafe {
+        let n = x.rows();
+        let groups = w.cols() / GROUP;
+        let xs = Inputs::<R>::new(x, i0);
+        let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
+        let flip = _mm512_set1_epi8(-128);
+        let mut y = [_mm512_setzero_ps(); R];
+        for g in 0..groups {
+            let p = base.add(g * I8_GROUP_BYTES);
+            let mut even = [_mm512_setzero_si512(); R];
+            let mut odd = [_mm512_setzero_si512(); R];
+            for q in (0..GROUP / 4).step_by(2) {
+                let w0 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64) as *const _), flip);
+                let w1 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64 + 64) as *const _), flip);
+                for r in 0..R {
+                    let at = g * GROUP + 4 * q;
+                    even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(xs.quad(r, at)));
+                    odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(xs.quad(r, at + 4)));
+                }
+            }
+            let dw = _mm512_loadu_ps(p.add(512) as *const f32);
             for r in 0..R {
-                let at = g * GROUP + 4 * q;
-                even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(xs.quad(r, at)));
-                odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(xs.quad(r, at + 4)));
+                let surplus = _mm512_set1_epi32(128 * xs.code_sum(r, g));
+                let isum = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs.scale(r, g)));
+                y[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), y[r]);
             }
         }
-        let dw = _mm512_loadu_ps(p.add(512) as *const f32);
-        for r in 0..R {
-            let surplus = _mm512_set1_epi32(128 * xs.code_sum(r, g));
-            let isum = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs.scale(r, g)));
-            y[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), y[r]);
-        }
+        store_i8(w, b, &y_lanes512(&y), n, i0, out);
     }
-    store_i8(w, b, &y_lanes512(&y), n, i0, out);
 }
 
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn y_lanes512<const R: usize>(y: &[__m512; R]) -> [[f32; 16]; R] {
-    let mut lanes = [[0f32; 16]; R];
-    for (dst, v) in lanes.iter_mut().zip(y) {
-        _mm512_storeu_ps(dst.as_mut_ptr(), *v);
+    unsafe {
+        let mut lanes = [[0f32; 16]; R];
+        for (dst, v) in lanes.iter_mut().zip(y) {
+            _mm512_storeu_ps(dst.as_mut_ptr(), *v);
+        }
+        lanes
     }
-    lanes
 }
 
 /// Writes 16 rows × R inputs of an int8 block, skipping rows past the matrix's end.
@@ -236,8 +247,10 @@ fn store_i8<const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn bf16x8(p: *const u8) -> __m256 {
-    let h = _mm_loadu_si128(p as *const __m128i);
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    unsafe {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    }
 }
 
 /// The q4 kernel over 8-row vectors; `$dot` adds one quad's products of the low and
@@ -247,7 +260,7 @@ macro_rules! q4_256 {
     ($name:ident, $block:ident, $features:literal, $zero:expr, $dot:ident, $finish:ident) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $block(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-            sweep_inputs!($name, w, b, x, out)
+            unsafe { sweep_inputs!($name, w, b, x, out) }
         }
 
         #[inline]
@@ -259,46 +272,48 @@ macro_rules! q4_256 {
             i0: usize,
             out: &mut [f32],
         ) {
-            let n = x.rows();
-            let groups = w.cols() / GROUP;
-            let xs = Inputs::<R>::new(x, i0);
-            let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
-            let mask = _mm256_set1_epi8(0x0f);
-            let mut y = [[_mm256_setzero_ps(); 4]; R];
-            for g in 0..groups {
-                let p = base.add(g * Q4_GROUP_BYTES);
-                for v in 0..4 {
-                    let mut acc = [$zero; R];
-                    for q in 0..4 {
-                        let c = _mm256_loadu_si256(
-                            p.add((4 * (v / 2) + q) * 64 + 32 * (v % 2)) as *const __m256i
-                        );
-                        let wl = _mm256_and_si256(c, mask);
-                        let wh = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+            unsafe {
+                let n = x.rows();
+                let groups = w.cols() / GROUP;
+                let xs = Inputs::<R>::new(x, i0);
+                let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
+                let mask = _mm256_set1_epi8(0x0f);
+                let mut y = [[_mm256_setzero_ps(); 4]; R];
+                for g in 0..groups {
+                    let p = base.add(g * Q4_GROUP_BYTES);
+                    for v in 0..4 {
+                        let mut acc = [$zero; R];
+                        for q in 0..4 {
+                            let c = _mm256_loadu_si256(
+                                p.add((4 * (v / 2) + q) * 64 + 32 * (v % 2)) as *const __m256i,
+                            );
+                            let wl = _mm256_and_si256(c, mask);
+                            let wh = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+                            for r in 0..R {
+                                let at = g * GROUP + 8 * q;
+                                let bl = _mm256_set1_epi32(xs.quad(r, at));
+                                let bh = _mm256_set1_epi32(xs.quad(r, at + 4));
+                                acc[r] = $dot(acc[r], wl, bl, wh, bh);
+                            }
+                        }
+                        let d = bf16x8(p.add(512 + 16 * v));
+                        let m = bf16x8(p.add(576 + 16 * v));
                         for r in 0..R {
-                            let at = g * GROUP + 8 * q;
-                            let bl = _mm256_set1_epi32(xs.quad(r, at));
-                            let bh = _mm256_set1_epi32(xs.quad(r, at + 4));
-                            acc[r] = $dot(acc[r], wl, bl, wh, bh);
+                            let isum = _mm256_cvtepi32_ps($finish(acc[r]));
+                            let scale = _mm256_mul_ps(d, _mm256_set1_ps(xs.scale(r, g)));
+                            let sx = _mm256_set1_ps(xs.sum(r, g));
+                            let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum));
+                            y[r][v] = _mm256_add_ps(y[r][v], t);
                         }
                     }
-                    let d = bf16x8(p.add(512 + 16 * v));
-                    let m = bf16x8(p.add(576 + 16 * v));
-                    for r in 0..R {
-                        let isum = _mm256_cvtepi32_ps($finish(acc[r]));
-                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(xs.scale(r, g)));
-                        let sx = _mm256_set1_ps(xs.sum(r, g));
-                        let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum));
-                        y[r][v] = _mm256_add_ps(y[r][v], t);
-                    }
                 }
-            }
-            let mut lanes = [0f32; 8];
-            for (r, yr) in y.iter().enumerate() {
-                for (v, vec) in yr.iter().enumerate() {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), *vec);
-                    for (l, &value) in lanes.iter().enumerate() {
-                        out[(8 * v + l) * n + i0 + r] = value;
+                let mut lanes = [0f32; 8];
+                for (r, yr) in y.iter().enumerate() {
+                    for (v, vec) in yr.iter().enumerate() {
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), *vec);
+                        for (l, &value) in lanes.iter().enumerate() {
+                            out[(8 * v + l) * n + i0 + r] = value;
+                        }
                     }
                 }
             }
@@ -355,7 +370,7 @@ macro_rules! i8_256 {
     ($name:ident, $block:ident, $features:literal, $dot:ident, $surplus:expr) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $block(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-            sweep_inputs!($name, w, b, x, out)
+            unsafe { sweep_inputs!($name, w, b, x, out) }
         }
 
         #[inline]
@@ -367,40 +382,42 @@ macro_rules! i8_256 {
             i0: usize,
             out: &mut [f32],
         ) {
-            let n = x.rows();
-            let groups = w.cols() / GROUP;
-            let xs = Inputs::<R>::new(x, i0);
-            let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
-            let mut y = [[_mm256_setzero_ps(); 2]; R];
-            for g in 0..groups {
-                let p = base.add(g * I8_GROUP_BYTES);
-                for v in 0..2 {
-                    let mut acc = [_mm256_setzero_si256(); R];
-                    for q in 0..GROUP / 4 {
-                        let c = _mm256_loadu_si256(p.add(q * 64 + 32 * v) as *const __m256i);
+            unsafe {
+                let n = x.rows();
+                let groups = w.cols() / GROUP;
+                let xs = Inputs::<R>::new(x, i0);
+                let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
+                let mut y = [[_mm256_setzero_ps(); 2]; R];
+                for g in 0..groups {
+                    let p = base.add(g * I8_GROUP_BYTES);
+                    for v in 0..2 {
+                        let mut acc = [_mm256_setzero_si256(); R];
+                        for q in 0..GROUP / 4 {
+                            let c = _mm256_loadu_si256(p.add(q * 64 + 32 * v) as *const __m256i);
+                            for r in 0..R {
+                                let bx = _mm256_set1_epi32(xs.quad(r, g * GROUP + 4 * q));
+                                acc[r] = $dot(acc[r], c, bx);
+                            }
+                        }
+                        let dw = _mm256_loadu_ps(p.add(512 + 32 * v) as *const f32);
                         for r in 0..R {
-                            let bx = _mm256_set1_epi32(xs.quad(r, g * GROUP + 4 * q));
-                            acc[r] = $dot(acc[r], c, bx);
+                            let mut isum = acc[r];
+                            if $surplus {
+                                let s = _mm256_set1_epi32(128 * xs.code_sum(r, g));
+                                isum = _mm256_sub_epi32(isum, s);
+                            }
+                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(xs.scale(r, g)));
+                            y[r][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), y[r][v]);
                         }
-                    }
-                    let dw = _mm256_loadu_ps(p.add(512 + 32 * v) as *const f32);
-                    for r in 0..R {
-                        let mut isum = acc[r];
-                        if $surplus {
-                            let s = _mm256_set1_epi32(128 * xs.code_sum(r, g));
-                            isum = _mm256_sub_epi32(isum, s);
-                        }
-                        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(xs.scale(r, g)));
-                        y[r][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), y[r][v]);
                     }
                 }
+                let mut lanes = [[0f32; 16]; R];
+                for (dst, yr) in lanes.iter_mut().zip(&y) {
+                    _mm256_storeu_ps(dst.as_mut_ptr(), yr[0]);
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(8), yr[1]);
+                }
+                store_i8(w, b, &lanes, n, i0, out);
             }
-            let mut lanes = [[0f32; 16]; R];
-            for (dst, yr) in lanes.iter_mut().zip(&y) {
-                _mm256_storeu_ps(dst.as_mut_ptr(), yr[0]);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(8), yr[1]);
-            }
-            store_i8(w, b, &lanes, n, i0, out);
         }
     };
 }

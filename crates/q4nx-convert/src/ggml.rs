@@ -18,8 +18,11 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 /// One ggml Q4_1 block as stored: f16 scale and min, 32 codes 0..15.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Q4_1Block {
+    /// Scale.
     pub d: f16,
+    /// Minimum: value = d · q + m.
     pub m: f16,
+    /// 32 four-bit codes, two per byte (ggml's order: low nibbles are elements 0..16).
     pub q: [u8; 32],
 }
 

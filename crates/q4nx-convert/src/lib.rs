@@ -1,3 +1,10 @@
+//! # q4nx-convert
+//!
+//! Model conversion into Q4NX packages, kept out of the pure format crate
+//! (`q4nx-format`, which knows no model architecture): the GGUF reader ([`gguf`]),
+//! ggml's block codecs ([`ggml`]), the Hugging Face safetensors converter ([`hf`]),
+//! the tokenizer writer ([`tokenizer`]) and the GGUF converter below.
+//!
 //! GGUF → Q4NX, following FastFlowLM's converter (`FLM_Q4NX_Converter`, commit dd0993c)
 //! rule for rule, so the `model.q4nx` it writes is byte-identical to the reference's:
 //!
@@ -17,6 +24,10 @@
 //! as if they were 4-bit codes), and 2-D float projections become tiles (the reference
 //! stores them dense, which its runtime cannot use as projections).
 
+#![warn(missing_docs)]
+
+pub mod ggml;
+pub mod gguf;
 pub mod hf;
 pub mod tokenizer;
 
@@ -27,39 +38,66 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use thiserror::Error;
 
-use crate::ggml::{self, Q4_1Block};
+use crate::ggml::Q4_1Block;
 use crate::gguf::{GgmlType, GgufFile, GgufTensorInfo};
-use crate::tile::{Q4Group, TileBuilder, GROUP_COLS, TILE_BYTES};
-use crate::{ContainerWriter, Dtype, FormatError};
+use q4nx_format::{
+    ContainerWriter, Dtype, FormatError, Q4Group, TileBuilder, GROUP_COLS, TILE_BYTES,
+};
 
 /// Why a conversion was refused. Messages start `convert: <path>: `.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConvertError {
+    /// Architecture '`arch`' is not supported (supported: llama, qwen3).
     #[error("convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3)")]
-    UnsupportedArchitecture { path: String, arch: String },
-    #[error("convert: {path}: metadata key '{key}' {problem}")]
-    Metadata {
+    UnsupportedArchitecture {
+        /// The file (or a label for bytes in memory).
         path: String,
-        key: String,
-        problem: String,
-    },
-    #[error("convert: {path}: tensor '{tensor}' has no place in a {arch} package")]
-    UnknownTensor {
-        path: String,
-        tensor: String,
+        /// The architecture named.
         arch: String,
     },
-    #[error("convert: {path}: tensor '{tensor}': {problem}")]
-    Tensor {
+    /// Metadata key '`key`' `problem`.
+    #[error("convert: {path}: metadata key '{key}' {problem}")]
+    Metadata {
+        /// The file (or a label for bytes in memory).
         path: String,
-        tensor: String,
+        /// The key concerned.
+        key: String,
+        /// What is wrong with it.
         problem: String,
     },
+    /// Tensor '`tensor`' has no place in a `arch` package.
+    #[error("convert: {path}: tensor '{tensor}' has no place in a {arch} package")]
+    UnknownTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+        /// The architecture named.
+        arch: String,
+    },
+    /// Tensor '`tensor`': `problem`.
+    #[error("convert: {path}: tensor '{tensor}': {problem}")]
+    Tensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Missing tensor '`tensor`'.
     #[error("convert: {path}: missing tensor '{tensor}'")]
-    MissingTensor { path: String, tensor: String },
+    MissingTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+    },
+    /// The GGUF file was refused.
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
+    /// Writing the container was refused.
     #[error(transparent)]
     Format(#[from] FormatError),
 }
@@ -67,7 +105,9 @@ pub enum ConvertError {
 /// Model families the converter knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
+    /// Llama (and Llama-like, e.g. SmolLM2).
     Llama,
+    /// Qwen3.
     Qwen3,
 }
 
@@ -148,6 +188,7 @@ fn map_name(family: Family, name: &str) -> Option<(String, Role)> {
 /// What a conversion did.
 #[derive(Clone, Debug, Default)]
 pub struct ConvertReport {
+    /// Tensors written.
     pub tensors: usize,
     /// Bytes of tensor data written.
     pub bytes: usize,
@@ -166,6 +207,7 @@ struct Converted {
 /// A GGUF opened for conversion: family, geometry and the tensor plan.
 pub struct GgufConverter<'a> {
     file: &'a GgufFile,
+    /// The model family, from `general.architecture`.
     pub family: Family,
     /// Half the rope dimension: the `p` of the llama row un-permutation.
     rope_half: usize,
@@ -551,4 +593,22 @@ impl<'a> GgufConverter<'a> {
 fn round_f32(v: f64) -> f64 {
     let s = format!("{}", v as f32);
     s.parse().unwrap_or(v)
+}
+
+/// Entry points for the fuzz harness (`cargo xtask fuzz gguf`) and the property tests.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Parses `bytes` as GGUF and, if accepted, dequantizes every tensor it can.
+    pub fn exercise_gguf(bytes: &[u8]) -> bool {
+        let Ok(g) = crate::gguf::Gguf::parse("fuzz", bytes) else {
+            return false;
+        };
+        for t in &g.tensors {
+            let data = &bytes[t.range.clone()];
+            if let Some(values) = crate::ggml::dequantize(t.ggml_type, data) {
+                assert_eq!(values.len() as u64, t.dims.iter().product::<u64>());
+            }
+        }
+        true
+    }
 }

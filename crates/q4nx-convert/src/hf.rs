@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::convert::ConvertError;
-use crate::{encode_q4_1, Container, ContainerWriter, Dtype, TILE_BYTES};
+use crate::ConvertError;
+use q4nx_format::{encode_q4_1, Container, ContainerWriter, Dtype, TILE_BYTES};
 
 /// Converts `dir` (`config.json` + `model.safetensors`). Returns the writer, the
 /// config to write beside it, and the number of tensors.

@@ -16,51 +16,116 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GgufError {
+    /// The file cannot be read.
     #[error("gguf: {path}: cannot read: {message}")]
-    Io { path: String, message: String },
-    #[error("gguf: {path}: bad magic {found:?}, expected \"GGUF\"")]
-    BadMagic { path: String, found: [u8; 4] },
-    #[error("gguf: {path}: version {version} is not supported (only 2 and 3)")]
-    Version { path: String, version: u32 },
-    #[error("gguf: {path}: truncated at byte {at}: {what} needs {need} bytes, {left} left")]
-    Truncated {
+    Io {
+        /// The file (or a label for bytes in memory).
         path: String,
-        at: u64,
-        what: String,
-        need: u64,
-        left: u64,
-    },
-    #[error("gguf: {path}: {what} count {count} cannot fit in a {file_len}-byte file")]
-    CountTooLarge {
-        path: String,
-        what: String,
-        count: u64,
-        file_len: u64,
-    },
-    #[error("gguf: {path}: key '{key}': unknown value type {value_type}")]
-    UnknownValueType {
-        path: String,
-        key: String,
-        value_type: u32,
-    },
-    #[error("gguf: {path}: key '{key}': nested arrays are not supported")]
-    NestedArray { path: String, key: String },
-    #[error("gguf: {path}: {what} is not UTF-8")]
-    NotUtf8 { path: String, what: String },
-    #[error("gguf: {path}: key '{key}' appears twice")]
-    DuplicateKey { path: String, key: String },
-    #[error("gguf: {path}: tensor '{tensor}' appears twice")]
-    DuplicateTensor { path: String, tensor: String },
-    #[error("gguf: {path}: tensor '{tensor}': {message}")]
-    BadTensor {
-        path: String,
-        tensor: String,
+        /// What went wrong.
         message: String,
     },
+    /// Bad magic `found`, expected "GGUF".
+    #[error("gguf: {path}: bad magic {found:?}, expected \"GGUF\"")]
+    BadMagic {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// What was found.
+        found: [u8; 4],
+    },
+    /// Version `version` is not supported (only 2 and 3).
+    #[error("gguf: {path}: version {version} is not supported (only 2 and 3)")]
+    Version {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The version found.
+        version: u32,
+    },
+    /// Truncated at byte `at`: `what` needs `need` bytes, `left` left.
+    #[error("gguf: {path}: truncated at byte {at}: {what} needs {need} bytes, {left} left")]
+    Truncated {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// File offset.
+        at: u64,
+        /// What was being read.
+        what: String,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes left.
+        left: u64,
+    },
+    /// `what` count `count` cannot fit in a `file_len`-byte file.
+    #[error("gguf: {path}: {what} count {count} cannot fit in a {file_len}-byte file")]
+    CountTooLarge {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// What was being read.
+        what: String,
+        /// The count from the file.
+        count: u64,
+        /// The file's length in bytes.
+        file_len: u64,
+    },
+    /// Key '`key`': unknown value type `value_type`.
+    #[error("gguf: {path}: key '{key}': unknown value type {value_type}")]
+    UnknownValueType {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The key concerned.
+        key: String,
+        /// The type code from the file.
+        value_type: u32,
+    },
+    /// Key '`key`': nested arrays are not supported.
+    #[error("gguf: {path}: key '{key}': nested arrays are not supported")]
+    NestedArray {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The key concerned.
+        key: String,
+    },
+    /// `what` is not UTF-8.
+    #[error("gguf: {path}: {what} is not UTF-8")]
+    NotUtf8 {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// What was being read.
+        what: String,
+    },
+    /// Key '`key`' appears twice.
+    #[error("gguf: {path}: key '{key}' appears twice")]
+    DuplicateKey {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The key concerned.
+        key: String,
+    },
+    /// Tensor '`tensor`' appears twice.
+    #[error("gguf: {path}: tensor '{tensor}' appears twice")]
+    DuplicateTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+    },
+    /// A tensor's entry is malformed.
+    #[error("gguf: {path}: tensor '{tensor}': {message}")]
+    BadTensor {
+        /// The file (or a label for bytes in memory).
+        path: String,
+        /// The tensor's name.
+        tensor: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Key '`key`': `message`.
     #[error("gguf: {path}: key '{key}': {message}")]
     BadKey {
+        /// The file (or a label for bytes in memory).
         path: String,
+        /// The key concerned.
         key: String,
+        /// What went wrong.
         message: String,
     },
 }
@@ -69,25 +134,45 @@ pub enum GgufError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum GgmlType {
+    /// ggml type `F32`.
     F32,
+    /// ggml type `F16`.
     F16,
+    /// ggml type `Q4_0` blocks.
     Q4_0,
+    /// ggml type `Q4_1` blocks.
     Q4_1,
+    /// ggml type `Q5_0` blocks.
     Q5_0,
+    /// ggml type `Q5_1` blocks.
     Q5_1,
+    /// ggml type `Q8_0` blocks.
     Q8_0,
+    /// ggml type `Q8_1` blocks.
     Q8_1,
+    /// ggml type `Q2_K` blocks.
     Q2_K,
+    /// ggml type `Q3_K` blocks.
     Q3_K,
+    /// ggml type `Q4_K` blocks.
     Q4_K,
+    /// ggml type `Q5_K` blocks.
     Q5_K,
+    /// ggml type `Q6_K` blocks.
     Q6_K,
+    /// ggml type `Q8_K` blocks.
     Q8_K,
+    /// ggml type `I8`.
     I8,
+    /// ggml type `I16`.
     I16,
+    /// ggml type `I32`.
     I32,
+    /// ggml type `I64`.
     I64,
+    /// ggml type `F64`.
     F64,
+    /// ggml type `BF16`.
     BF16,
 }
 
@@ -180,18 +265,31 @@ impl fmt::Display for GgmlType {
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GgufValue {
+    /// A `u8`.
     U8(u8),
+    /// A `i8`.
     I8(i8),
+    /// A `u16`.
     U16(u16),
+    /// A `i16`.
     I16(i16),
+    /// A `u32`.
     U32(u32),
+    /// A `i32`.
     I32(i32),
+    /// A `f32`.
     F32(f32),
+    /// A boolean.
     Bool(bool),
+    /// A UTF-8 string.
     String(String),
+    /// A `u64`.
     U64(u64),
+    /// A `i64`.
     I64(i64),
+    /// A `f64`.
     F64(f64),
+    /// An array of values of one type.
     Array(Vec<GgufValue>),
 }
 
@@ -244,9 +342,11 @@ impl GgufValue {
 /// One tensor's info, validated against the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GgufTensorInfo {
+    /// The tensor's name.
     pub name: String,
     /// ggml order: `dims[0]` is the fastest-varying (columns).
     pub dims: Vec<u64>,
+    /// How its data is encoded.
     pub ggml_type: GgmlType,
     /// Absolute byte range in the file.
     pub range: std::ops::Range<usize>,
@@ -270,12 +370,15 @@ impl GgufTensorInfo {
 /// A parsed GGUF file over bytes the caller holds (a map or a buffer).
 #[derive(Clone, Debug)]
 pub struct Gguf {
+    /// GGUF format version (2 or 3).
     pub version: u32,
     /// Metadata in file order.
     pub metadata: Vec<(String, GgufValue)>,
     /// Tensors in file (info) order.
     pub tensors: Vec<GgufTensorInfo>,
+    /// Data alignment in bytes (`general.alignment`, default 32).
     pub alignment: u64,
+    /// File offset of the tensor data section.
     pub data_start: usize,
     index: BTreeMap<String, usize>,
 }
@@ -585,10 +688,11 @@ impl Gguf {
     }
 }
 
-/// A memory-mapped GGUF file with its parsed index (see [`crate::Container`] on maps).
+/// A memory-mapped GGUF file with its parsed index (see [`q4nx_format::Container`] on maps).
 pub struct GgufFile {
     path: String,
     map: Option<memmap2::Mmap>,
+    /// The parsed index.
     pub gguf: Gguf,
 }
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use q4nx_format::gguf::{GgmlType, Gguf, GgufValue};
+use q4nx_convert::gguf::{GgmlType, Gguf, GgufValue};
 
 /// A minimal GGUF writer for tests: metadata entries and tensor infos as raw parts.
 #[derive(Default, Clone)]
@@ -380,6 +380,6 @@ proptest! {
         if cut % 3 == 0 {
             bytes.truncate(cut % (bytes.len() + 1));
         }
-        q4nx_format::fuzzing::exercise_gguf(&bytes);
+        q4nx_convert::fuzzing::exercise_gguf(&bytes);
     }
 }

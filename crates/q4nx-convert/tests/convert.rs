@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use q4nx_format::convert::GgufConverter;
-use q4nx_format::gguf::GgufFile;
+use q4nx_convert::gguf::GgufFile;
+use q4nx_convert::GgufConverter;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use q4nx_format::ggml::{dequantize, quantize_q4_1_block};
-use q4nx_format::gguf::GgmlType;
+use q4nx_convert::ggml::{dequantize, quantize_q4_1_block};
+use q4nx_convert::gguf::GgmlType;
 use q4nx_format::Container;
 
 fn reference() -> Container {
