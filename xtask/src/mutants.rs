@@ -34,6 +34,79 @@ pub struct Mutant {
 
 /// The catalogue. Keep each `find` unique in its file.
 pub const MUTANTS: &[Mutant] = &[
+    // The q8 family (onebit-kernels) and its use in the CPU target.
+    Mutant {
+        name: "q8-avx512vnni-min-term-in-another-order",
+        file: "crates/onebit-kernels/src/q8/x86.rs",
+        find: "_mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum))",
+        replace: "_mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(scale, isum))",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &["avx512f", "avx512bw", "avx512vl", "avx512vnni"],
+    },
+    Mutant {
+        name: "q8-avx2-min-term-in-another-order",
+        file: "crates/onebit-kernels/src/q8/x86.rs",
+        find: "_mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum))",
+        replace: "_mm256_add_ps(_mm256_mul_ps(m, sx), _mm256_mul_ps(scale, isum))",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &["avx2", "fma"],
+    },
+    Mutant {
+        name: "q8-int8-head-keeps-the-unsigned-surplus",
+        file: "crates/onebit-kernels/src/q8/x86.rs",
+        find: "_mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus)",
+        replace: "_mm512_add_epi32(_mm512_add_epi32(even[r], odd[r]), _mm512_setzero_si512())",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &["avx512f", "avx512bw", "avx512vl", "avx512vnni"],
+    },
+    Mutant {
+        name: "q8-quantizer-truncates-instead-of-rounding",
+        file: "crates/onebit-kernels/src/q8/mod.rs",
+        find: "round_even(v * inverse).clamp(-127.0, 127.0) as i8",
+        replace: "(v * inverse).clamp(-127.0, 127.0) as i8",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "q8x2-residual-level-adds-the-mins-again",
+        file: "crates/onebit-kernels/src/q8/mod.rs",
+        find: "self.sums[second + g] = 0.0;",
+        replace: "self.sums[second + g] = values.iter().sum();",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "matmul-avx2-batched-rows-sum-in-another-order",
+        file: "crates/onebit-kernels/src/matmul.rs",
+        find: "let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(d, acc[r][q]));",
+        replace: "let t = if R > 1 { _mm256_add_ps(_mm256_mul_ps(m, sx), _mm256_mul_ps(d, acc[r][q])) } else { _mm256_fmadd_ps(m, sx, _mm256_mul_ps(d, acc[r][q])) };",
+        tests: &["-p", "onebit-kernels", "--test", "matmul"],
+        also: None,
+        requires: &["avx2", "fma"],
+    },
+    Mutant {
+        name: "q8-target-reads-v-as-k",
+        file: "crates/npu-runtime/src/cpu.rs",
+        find: "gather(&y, n, s, p.qkv.part(1)),",
+        replace: "gather(&y, n, s, p.qkv.part(2)),",
+        tests: &["-p", "npu-runtime", "--test", "reference"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "prefill-scores-the-first-row-not-the-last",
+        file: "crates/npu-runtime/src/cpu.rs",
+        find: "self.head_in_pool(&final_hidden[(n - 1) * h..], 1)",
+        replace: "self.head_in_pool(&final_hidden[..h], 1)",
+        tests: &["-p", "npu-runtime", "--test", "reference"],
+        also: None,
+        requires: &[],
+    },
     // The upstream DFlashHead table.
     Mutant {
         name: "dflash-head-no-trim-after-verify",
@@ -717,6 +790,9 @@ mod tests {
             }
             if m.find.contains("_mm512_") || m.replace.contains("_mm512_") {
                 assert!(m.requires.contains(&"avx512f"), "{}", m.name);
+            }
+            if m.find.contains("_mm256_") || m.replace.contains("_mm256_") {
+                assert!(m.requires.contains(&"avx2"), "{}", m.name);
             }
         }
         assert!(cpu_has("avx513").is_err());
