@@ -1,7 +1,5 @@
 //! The CPU backend: the reference every other backend is compared against.
 
-use rayon::prelude::*;
-
 use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
 use std::sync::OnceLock;
@@ -152,7 +150,10 @@ pub struct CpuTarget<'a> {
     /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
-    /// The pool every pass runs inside, so the passes' parallel loops dispatch between
+    /// The thread team every pass runs on: its workers spin briefly between the ~150
+    /// parallel regions of a step instead of sleeping (`kernels::team`).
+    team: std::sync::Arc<kernels::team::Team>,
+    /// The rayon pool that repacks weights at load, so the passes' parallel loops dispatch between
     /// worker threads that are already awake instead of waking them from the caller.
     pool: std::sync::Arc<rayon::ThreadPool>,
 }
@@ -190,6 +191,8 @@ impl<'a> CpuTarget<'a> {
             .thread_name(|i| format!("onebit-cpu-{i}"))
             .build()
             .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
+        let team = kernels::team::Team::new(pool.current_num_threads(), "onebit-team")
+            .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
         let config = package.config.clone();
         let weights = package.weights()?;
         let packed = match precision {
@@ -221,6 +224,7 @@ impl<'a> CpuTarget<'a> {
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
+            team: std::sync::Arc::new(team),
             pool: std::sync::Arc::new(pool),
         };
         // Build the head's packed form now, so the first pass is not slower.
@@ -273,7 +277,7 @@ impl<'a> CpuTarget<'a> {
 
     /// Worker threads of this target's pool.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.team.threads()
     }
 
     /// The matmul kernel in use.
@@ -406,22 +410,21 @@ impl CpuTarget<'_> {
             // Causal attention: row i sees positions 0..=p0+i. One task per (row, head).
             let mut attn = vec![0f32; n * cfg.q_dim()];
             let (keys, values) = (&self.cache.keys[l], &self.cache.values[l]);
-            attn.par_chunks_mut(hd)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (idx, out)| {
-                    let (i, head) = (idx / cfg.num_heads, idx % cfg.num_heads);
-                    let kh = head / group;
-                    let query = &q[i * cfg.q_dim() + head * hd..i * cfg.q_dim() + (head + 1) * hd];
-                    kernels::attend(
-                        query,
-                        &keys[kh],
-                        &values[kh],
-                        p0 + i + 1,
-                        scale,
-                        scores,
-                        out,
-                    );
-                });
+            kernels::team::for_each_chunk(&mut attn, hd, |idx, out| {
+                let scores = &mut Vec::new();
+                let (i, head) = (idx / cfg.num_heads, idx % cfg.num_heads);
+                let kh = head / group;
+                let query = &q[i * cfg.q_dim() + head * hd..i * cfg.q_dim() + (head + 1) * hd];
+                kernels::attend(
+                    query,
+                    &keys[kh],
+                    &values[kh],
+                    p0 + i + 1,
+                    scale,
+                    scores,
+                    out,
+                );
+            });
             let o = match self.packed.get(l) {
                 Some(p) => q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized),
                 None => self.project(&layer.o, &attn, n),
@@ -523,13 +526,13 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let pool = self.pool.clone();
-        pool.install(|| self.forward_in_pool(tokens, true))
+        let team = self.team.clone();
+        team.install(|| self.forward_in_pool(tokens, true))
     }
 
     fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let pool = self.pool.clone();
-        pool.install(|| self.forward_in_pool(tokens, false))
+        let team = self.team.clone();
+        team.install(|| self.forward_in_pool(tokens, false))
     }
 
     fn last_hidden(&self) -> &[f32] {
@@ -562,6 +565,6 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.pool.install(|| self.head_in_pool(hidden, n))
+        self.team.install(|| self.head_in_pool(hidden, n))
     }
 }

@@ -8,7 +8,6 @@
 //! same way whatever the batch size (batch invariance).
 
 use half::bf16;
-use rayon::prelude::*;
 
 use crate::isa::Isa;
 
@@ -47,32 +46,29 @@ pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut
     assert_eq!(y.len(), n * rows);
     const BLOCK: usize = 64;
     let mut scratch = vec![0f32; rows.div_ceil(BLOCK) * BLOCK * n];
-    scratch
-        .par_chunks_mut(BLOCK * n)
-        .enumerate()
-        .for_each(|(b, out)| {
-            let first = b * BLOCK;
-            let count = BLOCK.min(rows.saturating_sub(first));
-            #[cfg(target_arch = "x86_64")]
-            if isa.avx512() {
-                // SAFETY: the token's avx512 flag is set only by run-time detection.
-                unsafe { avx512::block(w, first, count, k, x, n, out) };
-                return;
+    crate::team::for_each_chunk(&mut scratch, BLOCK * n, |b, out| {
+        let first = b * BLOCK;
+        let count = BLOCK.min(rows.saturating_sub(first));
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx512() {
+            // SAFETY: the token's avx512 flag is set only by run-time detection.
+            unsafe { avx512::block(w, first, count, k, x, n, out) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2() {
+            // SAFETY: the token's avx2 flag (avx2 + fma) is set only by detection.
+            unsafe { avx2::block(w, first, count, k, x, n, out) };
+            return;
+        }
+        for r in 0..count {
+            let row = first + r;
+            let wr = &w[row * k * 2..(row + 1) * k * 2];
+            for i in 0..n {
+                out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
             }
-            #[cfg(target_arch = "x86_64")]
-            if isa.avx2() {
-                // SAFETY: the token's avx2 flag (avx2 + fma) is set only by detection.
-                unsafe { avx2::block(w, first, count, k, x, n, out) };
-                return;
-            }
-            for r in 0..count {
-                let row = first + r;
-                let wr = &w[row * k * 2..(row + 1) * k * 2];
-                for i in 0..n {
-                    out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
-                }
-            }
-        });
+        }
+    });
     for row in 0..rows {
         for i in 0..n {
             y[i * rows + row] = scratch[row * n + i];
@@ -195,40 +191,37 @@ pub fn matmul_bf16_block_columns(
     assert_eq!(x.len(), n * k);
     assert_eq!(y.len(), n * rows);
     let mut scratch = vec![0f32; rows * n];
-    scratch
-        .par_chunks_mut(32 * n)
-        .enumerate()
-        .for_each(|(b, out)| {
-            let block = &w[b * k * 64..(b + 1) * k * 64];
-            #[cfg(target_arch = "x86_64")]
-            if isa.avx2() {
-                // Up to 8 inputs per sweep of the block: each column is widened once
-                // and feeds independent accumulator chains.
-                let mut i = 0;
-                while i < n {
-                    // SAFETY: the token's avx512 / avx2 flags are set only by detection.
-                    let step = unsafe {
-                        match (isa.avx512(), n - i) {
-                            (true, 8..) => avx512_block_columns::<8>(block, x, k, i, n, out),
-                            (true, 4..=7) => avx512_block_columns::<4>(block, x, k, i, n, out),
-                            (true, 2 | 3) => avx512_block_columns::<2>(block, x, k, i, n, out),
-                            (true, _) => avx512_block_columns::<1>(block, x, k, i, n, out),
-                            (false, 4..) => avx2_block_columns::<4>(block, x, k, i, n, out),
-                            (false, 2 | 3) => avx2_block_columns::<2>(block, x, k, i, n, out),
-                            (false, _) => avx2_block_columns::<1>(block, x, k, i, n, out),
-                        }
-                    };
-                    i += step;
-                }
-                return;
+    crate::team::for_each_chunk(&mut scratch, 32 * n, |b, out| {
+        let block = &w[b * k * 64..(b + 1) * k * 64];
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2() {
+            // Up to 8 inputs per sweep of the block: each column is widened once
+            // and feeds independent accumulator chains.
+            let mut i = 0;
+            while i < n {
+                // SAFETY: the token's avx512 / avx2 flags are set only by detection.
+                let step = unsafe {
+                    match (isa.avx512(), n - i) {
+                        (true, 8..) => avx512_block_columns::<8>(block, x, k, i, n, out),
+                        (true, 4..=7) => avx512_block_columns::<4>(block, x, k, i, n, out),
+                        (true, 2 | 3) => avx512_block_columns::<2>(block, x, k, i, n, out),
+                        (true, _) => avx512_block_columns::<1>(block, x, k, i, n, out),
+                        (false, 4..) => avx2_block_columns::<4>(block, x, k, i, n, out),
+                        (false, 2 | 3) => avx2_block_columns::<2>(block, x, k, i, n, out),
+                        (false, _) => avx2_block_columns::<1>(block, x, k, i, n, out),
+                    }
+                };
+                i += step;
             }
-            for i in 0..n {
-                let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
-                for (r, &a) in acc.iter().enumerate() {
-                    out[r * n + i] = a;
-                }
+            return;
+        }
+        for i in 0..n {
+            let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
+            for (r, &a) in acc.iter().enumerate() {
+                out[r * n + i] = a;
             }
-        });
+        }
+    });
     for b in 0..rows / 32 {
         for r in 0..32 {
             for i in 0..n {

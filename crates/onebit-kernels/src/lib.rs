@@ -22,6 +22,7 @@ pub mod elementwise;
 pub mod isa;
 pub mod matmul;
 pub mod q8;
+pub mod team;
 
 pub use elementwise::*;
 pub use isa::Isa;

@@ -17,7 +17,6 @@ use half::bf16;
 use q4nx_format::{
     Q4Kind, Q4Matrix, GROUP_COLS, MIN_OFFSET, NIBBLE_OFFSET, TILE_BYTES, TILE_COLS, TILE_ROWS,
 };
-use rayon::prelude::*;
 
 use crate::isa::Isa;
 
@@ -147,22 +146,19 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
     } else {
         variant(isa)
     };
-    scratch
-        .par_chunks_mut(TILE_ROWS * n)
-        .enumerate()
-        .for_each(|(rb, out)| match kernel {
-            Variant::Scalar => block_scalar(w, rb, x, n, &sums, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the variant comes from an `Isa` token, which only detection of
-            // avx512f (and avx512vbmi for the VBMI variant) can set.
-            Variant::Avx512 => unsafe { avx512::block(w, rb, x, n, &sums, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Variant::Avx512Vbmi => unsafe { avx512::block_vbmi(w, rb, x, n, &sums, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, avx2 and fma detected.
-            Variant::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
-        });
+    crate::team::for_each_chunk(&mut scratch, TILE_ROWS * n, |rb, out| match kernel {
+        Variant::Scalar => block_scalar(w, rb, x, n, &sums, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the variant comes from an `Isa` token, which only detection of
+        // avx512f (and avx512vbmi for the VBMI variant) can set.
+        Variant::Avx512 => unsafe { avx512::block(w, rb, x, n, &sums, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Variant::Avx512Vbmi => unsafe { avx512::block_vbmi(w, rb, x, n, &sums, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, avx2 and fma detected.
+        Variant::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
+    });
     for rb in 0..blocks {
         for r in 0..TILE_ROWS {
             let row = rb * TILE_ROWS + r;

@@ -496,21 +496,18 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         vec![0f32; stride * n]
     };
     let target: &mut [f32] = if n == 1 { y } else { &mut scratch };
-    target
-        .par_chunks_mut(BLOCK_ROWS * n)
-        .enumerate()
-        .for_each(|(b, out)| match kernel {
-            Variant::Scalar => reference::block_q4(w, b, x, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the variant comes from an `Isa` token, set only by detection.
-            Variant::Avx2 => unsafe { x86::block_q4_avx2(w, b, x, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above (avx2, fma, avxvnni detected).
-            Variant::AvxVnni => unsafe { x86::block_q4_avxvnni(w, b, x, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above (avx512f, bw, vl, vnni detected).
-            Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
-        });
+    crate::team::for_each_chunk(target, BLOCK_ROWS * n, |b, out| match kernel {
+        Variant::Scalar => reference::block_q4(w, b, x, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the variant comes from an `Isa` token, set only by detection.
+        Variant::Avx2 => unsafe { x86::block_q4_avx2(w, b, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above (avx2, fma, avxvnni detected).
+        Variant::AvxVnni => unsafe { x86::block_q4_avxvnni(w, b, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above (avx512f, bw, vl, vnni detected).
+        Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
+    });
     if n > 1 {
         transpose_into(&scratch, n, stride, y);
     }
@@ -534,26 +531,23 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
     const TASK_BLOCKS: usize = 8;
     let blocks = rows.div_ceil(I8_BLOCK_ROWS);
     let mut scratch = vec![0f32; blocks * I8_BLOCK_ROWS * n];
-    scratch
-        .par_chunks_mut(TASK_BLOCKS * I8_BLOCK_ROWS * n)
-        .enumerate()
-        .for_each(|(t, out)| {
-            for (j, out) in out.chunks_exact_mut(I8_BLOCK_ROWS * n).enumerate() {
-                let b = t * TASK_BLOCKS + j;
-                match kernel {
-                    Variant::Scalar => reference::block_i8(w, b, x, out),
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: the variant comes from an `Isa` token, set only by detection.
-                    Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, out) },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, out) },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
-                }
+    crate::team::for_each_chunk(&mut scratch, TASK_BLOCKS * I8_BLOCK_ROWS * n, |t, out| {
+        for (j, out) in out.chunks_exact_mut(I8_BLOCK_ROWS * n).enumerate() {
+            let b = t * TASK_BLOCKS + j;
+            match kernel {
+                Variant::Scalar => reference::block_i8(w, b, x, out),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the variant comes from an `Isa` token, set only by detection.
+                Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
             }
-        });
+        }
+    });
     transpose_into(&scratch, n, rows, y);
 }
 

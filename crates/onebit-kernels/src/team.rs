@@ -1,0 +1,294 @@
+//! A persistent thread team for the many small parallel regions of a decode step.
+//!
+//! A decode step runs ~150 parallel regions of a few microseconds each. A general
+//! work-stealing pool lets its idle workers sleep on a futex between them, and waking
+//! them costs more than the work. The team's workers instead spin on an epoch counter
+//! for a short while after each region (then park), so the next region starts at once.
+//! Tasks are claimed from one atomic counter; which thread runs a task never changes
+//! its result (every kernel computes an element the same way whatever the split).
+//!
+//! Kernels call [`parallel_for`]: inside [`Team::install`] it runs on the team, elsewhere
+//! on rayon's current pool.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A job: `task(i)` for `i` in `0..count`, the closure erased to a raw pointer valid
+/// until the posting thread has seen every worker finish.
+#[derive(Clone, Copy)]
+struct Job {
+    task: *const (dyn Fn(usize) + Sync),
+    count: usize,
+}
+
+// SAFETY: the pointee is `Sync` and outlives every use (see `Team::run`).
+unsafe impl Send for Job {}
+
+struct Shared {
+    epoch: AtomicUsize,
+    job: Mutex<Option<Job>>,
+    next: AtomicUsize,
+    finished: AtomicUsize,
+    panicked: AtomicBool,
+    stop: AtomicBool,
+    sleepers: Mutex<Vec<Thread>>,
+}
+
+/// The team: the calling thread plus `threads - 1` workers.
+pub struct Team {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+thread_local! {
+    static CURRENT: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+}
+
+impl Team {
+    /// A team of `threads` threads in all (at least 1), named `NAME-i`.
+    pub fn new(threads: usize, name: &str) -> std::io::Result<Team> {
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            sleepers: Mutex::new(Vec::new()),
+        });
+        let mut workers = Vec::new();
+        for i in 1..threads.max(1) {
+            let s = shared.clone();
+            workers.push(
+                thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || worker(&s))?,
+            );
+        }
+        Ok(Team { shared, workers })
+    }
+
+    /// Threads in the team, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f` with this team as the one [`parallel_for`] uses on this thread.
+    pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
+        let previous = CURRENT.with(|c| c.replace(self as *const Team));
+        struct Restore(*const Team);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CURRENT.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(previous);
+        f()
+    }
+
+    /// `task(i)` for every `i` in `0..count`, spread over the team; returns when all ran.
+    ///
+    /// # Panics
+    /// If a task panicked (on any thread).
+    pub fn run(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
+        if count == 0 {
+            return;
+        }
+        if self.workers.is_empty() || count == 1 {
+            (0..count).for_each(task);
+            return;
+        }
+        let s = &*self.shared;
+        // SAFETY (lifetime erasure): the pointer is only dereferenced by workers between
+        // the epoch bump below and their `finished` increment, and this function does not
+        // return (or unwind) before every worker has incremented `finished`.
+        let erased: *const (dyn Fn(usize) + Sync + 'static) =
+            unsafe { std::mem::transmute(task as *const (dyn Fn(usize) + Sync)) };
+        *s.job.lock().expect("team job lock") = Some(Job {
+            task: erased,
+            count,
+        });
+        s.next.store(0, Ordering::Relaxed);
+        s.finished.store(0, Ordering::Relaxed);
+        s.epoch.fetch_add(1, Ordering::Release);
+        for sleeper in s.sleepers.lock().expect("team sleepers lock").drain(..) {
+            sleeper.unpark();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| claim(s, task, count)));
+        while s.finished.load(Ordering::Acquire) < self.workers.len() {
+            std::hint::spin_loop();
+        }
+        *s.job.lock().expect("team job lock") = None;
+        if mine.is_err() || s.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a parallel task panicked");
+        }
+    }
+}
+
+/// Claims and runs tasks until none are left.
+fn claim(s: &Shared, task: &(dyn Fn(usize) + Sync), count: usize) {
+    loop {
+        let i = s.next.fetch_add(1, Ordering::Relaxed);
+        if i >= count {
+            return;
+        }
+        task(i);
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0usize;
+    loop {
+        // Wait for a new epoch: spin, then park.
+        let start = Instant::now();
+        loop {
+            if s.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if s.epoch.load(Ordering::Acquire) != seen {
+                break;
+            }
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            s.sleepers
+                .lock()
+                .expect("team sleepers lock")
+                .push(thread::current());
+            // Re-check after registering, so a post between the check and the push is
+            // not missed (unpark before park makes park return at once).
+            if s.epoch.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Acquire) {
+                thread::park_timeout(Duration::from_millis(50));
+            }
+        }
+        seen = s.epoch.load(Ordering::Acquire);
+        let job = *s.job.lock().expect("team job lock");
+        if let Some(job) = job {
+            // SAFETY: see `Team::run`: the poster waits for our `finished` increment.
+            let task = unsafe { &*job.task };
+            if catch_unwind(AssertUnwindSafe(|| claim(s, task, job.count))).is_err() {
+                s.panicked.store(true, Ordering::Relaxed);
+            }
+        }
+        s.finished.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for sleeper in self
+            .shared
+            .sleepers
+            .lock()
+            .expect("team sleepers lock")
+            .drain(..)
+        {
+            sleeper.unpark();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// `task(i)` for `i` in `0..count` in parallel: on the team installed on this thread
+/// ([`Team::install`]), or else on rayon's current pool.
+pub fn parallel_for(count: usize, task: &(dyn Fn(usize) + Sync)) {
+    let team = CURRENT.with(|c| c.get());
+    if team.is_null() {
+        use rayon::prelude::*;
+        (0..count).into_par_iter().for_each(task);
+    } else {
+        // SAFETY: `install` keeps the team alive and restores the pointer on exit.
+        unsafe { &*team }.run(count, task);
+    }
+}
+
+/// Splits `data` into chunks of `chunk` values and runs `task(index, chunk)` on each in
+/// parallel ([`parallel_for`]).
+pub fn for_each_chunk<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    task: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let count = data.len().div_ceil(chunk.max(1));
+    let len = data.len();
+    let base = SendPtr(data.as_mut_ptr());
+    parallel_for(count, &|i| {
+        let start = i * chunk;
+        let end = (start + chunk).min(len);
+        // SAFETY: chunks are disjoint ranges of `data`, each handed to one task once,
+        // and `data` is borrowed mutably for the whole call.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+        task(i, part);
+    });
+}
+
+struct SendPtr<T>(*mut T);
+impl<T> SendPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+// SAFETY: used only to hand disjoint sub-slices of a `&mut [T: Send]` to tasks.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+unsafe impl<T: Send> Send for SendPtr<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn every_task_runs_once_on_the_team_and_off_it() {
+        let team = Team::new(2, "test").unwrap();
+        for round in 0..200 {
+            let count = round % 37;
+            let hits: Vec<AtomicU64> = (0..count).map(|_| AtomicU64::new(0)).collect();
+            team.install(|| {
+                parallel_for(count, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                })
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            if round % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(2)); // let workers park
+            }
+        }
+        let mut data = vec![0u32; 100];
+        team.install(|| {
+            for_each_chunk(&mut data, 7, |i, c| {
+                c.iter_mut().for_each(|v| *v = i as u32)
+            })
+        });
+        assert!(data.iter().enumerate().all(|(j, &v)| v == (j / 7) as u32));
+        let mut off = vec![0u32; 10];
+        for_each_chunk(&mut off, 3, |i, c| c.fill(i as u32 + 1));
+        assert_eq!(off, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_caller_and_the_team_survives() {
+        let team = Team::new(2, "test").unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            team.install(|| parallel_for(8, &|i| assert!(i != 5, "task 5")))
+        }));
+        assert!(r.is_err());
+        let n = AtomicU64::new(0);
+        team.install(|| {
+            parallel_for(8, &|_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 8);
+    }
+}
