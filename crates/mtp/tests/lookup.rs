@@ -4,6 +4,8 @@
 //! same tokens), a copying target is drafted right from the right offset, and the
 //! adaptive loop stops drafting for a drafter that is never right.
 
+mod common;
+use common::chi2;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -223,10 +225,18 @@ fn lookup_drafts_a_copying_target_from_the_right_offset() {
         assert_eq!(out.tokens, plain.tokens);
         let s = &out.stats;
         assert_eq!(s.accepted, s.drafted, "adaptive {adaptive}: {s:?}");
-        assert!(s.tokens_per_round() > 7.0, "adaptive {adaptive}: {s:?}");
-        assert!(s.rounds <= 12, "adaptive {adaptive}: {s:?}");
         assert_eq!(s.k_histogram.len(), 8, "adaptive {adaptive}: {s:?}");
-        assert!(s.k_histogram[7] >= 8, "adaptive {adaptive}: {s:?}");
+        if adaptive {
+            // k follows measured timings: allow a few shorter rounds while the costs
+            // settle (sleep jitter on a loaded machine), but most rounds draft 7.
+            assert!(s.tokens_per_round() > 5.0, "adaptive: {s:?}");
+            assert!(s.rounds <= 20, "adaptive: {s:?}");
+            assert!(s.k_histogram[7] >= 5, "adaptive: {s:?}");
+        } else {
+            assert!(s.tokens_per_round() > 7.0, "fixed: {s:?}");
+            assert!(s.rounds <= 12, "fixed: {s:?}");
+            assert!(s.k_histogram[7] >= 8, "fixed: {s:?}");
+        }
     }
 }
 
@@ -279,8 +289,9 @@ fn adaptive_loop_stops_drafting_for_a_drafter_that_is_never_right() {
     .unwrap();
     assert_eq!(adaptive.tokens, plain.tokens);
     let s = &adaptive.stats;
-    assert!(s.k_histogram[0] >= 170, "{s:?}");
-    assert!(s.drafted <= 60, "{s:?}");
+    // Timing-driven: a loaded machine may add a few probes; most steps stay plain.
+    assert!(s.k_histogram[0] >= 150, "{s:?}");
+    assert!(s.drafted <= 100, "{s:?}");
 }
 
 fn histogram(lookup: Option<bool>, trials: u64) -> Vec<f64> {
@@ -310,23 +321,6 @@ fn histogram(lookup: Option<bool>, trials: u64) -> Vec<f64> {
         counts[(t[0] * 16 + t[1] * 4 + t[2]) as usize] += 1.0;
     }
     counts
-}
-
-/// Two-sample chi-squared statistic over the cells either sample hit.
-fn chi2(a: &[f64], b: &[f64]) -> (f64, usize) {
-    let (na, nb): (f64, f64) = (a.iter().sum(), b.iter().sum());
-    let mut stat = 0.0;
-    let mut cells = 0;
-    for (&x, &y) in a.iter().zip(b) {
-        if x + y == 0.0 {
-            continue;
-        }
-        cells += 1;
-        let ka = (nb / na).sqrt();
-        let kb = (na / nb).sqrt();
-        stat += (ka * x - kb * y).powi(2) / (x + y);
-    }
-    (stat, cells - 1)
 }
 
 #[test]

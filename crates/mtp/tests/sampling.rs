@@ -2,6 +2,8 @@
 //! the first three sampled tokens (64 outcomes) under plain sampling and under
 //! speculation, on a toy base with a 4-token vocabulary.
 
+mod common;
+use common::chi2;
 use std::sync::Arc;
 
 use mtp::{run, DraftHead, RunOptions, SamplingConfig};
@@ -167,23 +169,6 @@ fn histogram(mut head: impl FnMut(u64) -> Option<Box<dyn DraftHead>>, trials: u6
         counts[(t[0] * 16 + t[1] * 4 + t[2]) as usize] += 1.0;
     }
     counts
-}
-
-/// Two-sample chi-squared statistic over the cells either sample hit.
-fn chi2(a: &[f64], b: &[f64]) -> (f64, usize) {
-    let (na, nb): (f64, f64) = (a.iter().sum(), b.iter().sum());
-    let mut stat = 0.0;
-    let mut cells = 0;
-    for (&x, &y) in a.iter().zip(b) {
-        if x + y == 0.0 {
-            continue;
-        }
-        cells += 1;
-        let ka = (nb / na).sqrt();
-        let kb = (na / nb).sqrt();
-        stat += (ka * x - kb * y).powi(2) / (x + y);
-    }
-    (stat, cells - 1)
 }
 
 #[test]
