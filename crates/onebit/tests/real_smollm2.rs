@@ -423,7 +423,7 @@ fn cli_greedy(pkg: &Path, prompt_ids: &[u32], args: &[&str]) -> Vec<u32> {
 /// The options of the path the reference ran: the package's `lm_head` tiles (the
 /// README: the reference reads the tiles, not the BF16 embedding) with f32 activations.
 /// When `--precision` lands, this becomes `&["--head", "tiles", "--precision", "f32"]`.
-const EXACT_ARGS: &[&str] = &["--head", "tiles"];
+const EXACT_ARGS: &[&str] = &["--head", "tiles", "--precision", "f32"];
 
 /// Teacher-forced logits along the reference continuation: row `i` predicts `ids[i]`.
 /// With `--precision`, the library's equivalent option is set here too.

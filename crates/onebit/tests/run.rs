@@ -35,6 +35,8 @@ fn greedy_run_reproduces_the_reference_continuation() {
                 "24",
                 "--ignore-eos",
                 "--json",
+                "--precision",
+                "f32",
                 "--model",
             ])
             .arg(fixture(dir))
