@@ -16,6 +16,7 @@
 //! Variants are chosen by an [`Isa`] token, which only run-time CPU detection can build
 //! (its fields are private), so no safe call can run an instruction the CPU lacks.
 //! Parallel loops run on the caller's rayon pool.
+#![warn(missing_docs)]
 
 pub mod dense;
 pub mod elementwise;
