@@ -76,7 +76,7 @@ impl HeadKind {
 /// The arithmetic of the projections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
-    /// f32 activations times q4 weights ([`kernels::matmul`]): the exact reference the
+    /// f32 activations times q4 weights ([`kernels::matmul()`]): the exact reference the
     /// fidelity tests use.
     F32,
     /// int8 activations (per row and 32-column group) times q4 weights in integer

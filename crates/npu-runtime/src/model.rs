@@ -19,20 +19,35 @@ pub enum Family {
 /// The geometry and hyper-parameters of a target model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TargetConfig {
+    /// Architecture family, from `model_type`.
     pub family: Family,
+    /// Vocabulary size: rows of the embedding and of the head.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
     pub intermediate_size: usize,
+    /// Decoder layers (`num_hidden_layers`).
     pub num_layers: usize,
+    /// Query heads (`num_attention_heads`).
     pub num_heads: usize,
+    /// Key/value heads (grouped-query attention); `num_heads` when the config omits it.
     pub num_kv_heads: usize,
+    /// Width of one head (`hidden_size / num_heads` unless given); always even, for rope.
     pub head_dim: usize,
+    /// Rope base frequency (10000 when absent).
     pub rope_theta: f64,
+    /// RMSNorm epsilon (`rms_norm_eps`, 1e-6 when absent).
     pub rms_eps: f32,
+    /// Context length in positions (`max_position_embeddings`, 4096 when absent).
     pub max_positions: usize,
+    /// Whether the head shares the embedding's weights.
     pub tie_word_embeddings: bool,
+    /// Beginning-of-sequence token, if the config names one.
     pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens (the config gives one or a list; empty when absent).
     pub eos_token_ids: Vec<u32>,
+    /// The chat template (Jinja source), if the config carries one.
     pub chat_template: Option<String>,
     /// The package's `lm_head.weight` tiles were re-quantized from a higher-precision
     /// tied embedding (`q4nx_lm_head_source: "requantized"`, written by onebit convert).
@@ -167,25 +182,40 @@ impl TargetConfig {
 
 /// The tensors of one decoder layer.
 pub struct LayerWeights<'a> {
+    /// RMSNorm gain before attention (`hidden` values).
     pub input_norm: Vec<f32>,
+    /// RMSNorm gain before the MLP (`hidden` values).
     pub post_norm: Vec<f32>,
+    /// Qwen3's per-head query RMSNorm gain (`head_dim` values); `None` for Llama.
     pub q_norm: Option<Vec<f32>>,
+    /// Qwen3's per-head key RMSNorm gain (`head_dim` values); `None` for Llama.
     pub k_norm: Option<Vec<f32>>,
+    /// Query projection (`q_dim × hidden`).
     pub q: Q4Matrix<'a>,
+    /// Key projection (`kv_dim × hidden`).
     pub k: Q4Matrix<'a>,
+    /// Value projection (`kv_dim × hidden`).
     pub v: Q4Matrix<'a>,
+    /// Attention output projection (`hidden × q_dim`).
     pub o: Q4Matrix<'a>,
+    /// MLP gate projection (`intermediate × hidden`).
     pub gate: Q4Matrix<'a>,
+    /// MLP up projection (`intermediate × hidden`).
     pub up: Q4Matrix<'a>,
+    /// MLP down projection (`hidden × intermediate`).
     pub down: Q4Matrix<'a>,
 }
 
 /// The model's tensors as checked views: projections stay q4_1 tiles in the mapped
 /// file; norm gains (a few KB) are widened to f32 once.
 pub struct TargetWeights<'a> {
+    /// The BF16 embedding table (`vocab × hidden`), read in place from the mapped file.
     pub embed: TensorView<'a>,
+    /// RMSNorm gain after the last layer (`hidden` values).
     pub final_norm: Vec<f32>,
+    /// The head's q4_1 tiles (`vocab × hidden`).
     pub lm_head: Q4Matrix<'a>,
+    /// Per-layer tensors, in layer order.
     pub layers: Vec<LayerWeights<'a>>,
 }
 
@@ -243,8 +273,11 @@ impl TargetWeights<'_> {
 
 /// A package on disk: its config and its mapped container.
 pub struct TargetPackage {
+    /// The package folder.
     pub dir: PathBuf,
+    /// The parsed `config.json`.
     pub config: TargetConfig,
+    /// The mapped `model.q4nx`.
     pub container: Container,
 }
 

@@ -20,11 +20,17 @@ use crate::kernels::{self, Isa};
 /// One row of the comparison table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpCheck {
+    /// The op kind (a key of the plan's `OP_KINDS`).
     pub op: &'static str,
+    /// The case's shapes, for people.
     pub shape: String,
+    /// Largest absolute difference from the reference.
     pub max_abs_error: f64,
+    /// Normalized mean squared error against the reference: Σ(out − ref)² / Σ ref².
     pub nmse: f64,
+    /// The largest NMSE that passes.
     pub limit: f64,
+    /// Whether every output value has the reference's exact bits.
     pub bit_exact: bool,
 }
 

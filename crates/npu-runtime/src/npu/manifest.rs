@@ -55,18 +55,26 @@ pub enum KernelCode {
 /// The kernel for one op kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelEntry {
+    /// The op kind it runs (its key under `kernels`).
     pub op: String,
+    /// The xclbin holding the kernel: the entry's own, else the manifest's top-level one.
     pub xclbin: PathBuf,
+    /// The kernel's name in the xclbin (e.g. `MLIR_AIE`).
     pub kernel: String,
+    /// Where the kernel's code comes from.
     pub code: KernelCode,
+    /// Its arguments, in call order.
     pub args: Vec<KernelArg>,
+    /// How long one run may take, in milliseconds (5000 unless given).
     pub timeout_ms: u32,
 }
 
 /// A checked manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelManifest {
+    /// The manifest file.
     pub path: PathBuf,
+    /// Kernel entries by op kind.
     pub kernels: BTreeMap<String, KernelEntry>,
 }
 

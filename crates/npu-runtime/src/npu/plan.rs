@@ -39,9 +39,13 @@ pub enum Elem {
 /// One buffer of the plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferSpec {
+    /// Name for people and errors (`layer3.q_proj`, `logits`, ...).
     pub name: String,
+    /// Size in bytes (tile and embedding buffers padded to [`PAGE`]).
     pub bytes: usize,
+    /// What it holds, which decides where a device places it.
     pub role: BufferRole,
+    /// How its bytes are read.
     pub elem: Elem,
     /// For weight buffers: where the packed bytes come from.
     pub source: Option<WeightSource>,
@@ -50,21 +54,32 @@ pub struct BufferSpec {
 /// The projections of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Projection {
+    /// Query projection (`q_proj`).
     Q,
+    /// Key projection (`k_proj`).
     K,
+    /// Value projection (`v_proj`).
     V,
+    /// Attention output projection (`o_proj`).
     O,
+    /// MLP gate projection (`gate_proj`).
     Gate,
+    /// MLP up projection (`up_proj`).
     Up,
+    /// MLP down projection (`down_proj`).
     Down,
 }
 
 /// The norms of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Norm {
+    /// RMSNorm before attention (`input_layernorm`).
     Input,
+    /// RMSNorm before the MLP (`post_attention_layernorm`).
     Post,
+    /// Qwen3's per-head query norm (`q_norm`).
     Query,
+    /// Qwen3's per-head key norm (`k_norm`).
     Key,
 }
 
@@ -73,7 +88,9 @@ pub enum Norm {
 pub enum WeightSource {
     /// A projection's q4 tiles, byte for byte, padded to a page.
     Tiles {
+        /// Layer index.
         layer: usize,
+        /// Which projection of the layer.
         projection: Projection,
     },
     /// `lm_head.weight` tiles.
@@ -81,7 +98,12 @@ pub enum WeightSource {
     /// The BF16 embedding table (lookup, and head of tied models).
     Embedding,
     /// A norm gain widened to f32.
-    Gain { layer: usize, norm: Norm },
+    Gain {
+        /// Layer index.
+        layer: usize,
+        /// Which norm of the layer.
+        norm: Norm,
+    },
     /// The final norm gain as f32.
     FinalNorm,
     /// Rope cos then sin tables for every position of the context (f32).
@@ -94,70 +116,108 @@ pub enum WeightSource {
 pub enum Op {
     /// `out[i] = bf16 → f32 of table[tokens[i]]`.
     Embed {
+        /// The BF16 embedding table.
         table: BufferId,
+        /// Token ids of the pass (u32 LE).
         tokens: BufferId,
+        /// Embedded rows (`rows × hidden` f32).
         out: BufferId,
     },
     /// Row-wise RMSNorm of `x` (width = gain length) into `out`.
     RmsNorm {
+        /// Input rows.
         x: BufferId,
+        /// Gain (`width` f32 values).
         gain: BufferId,
+        /// Normalized rows.
         out: BufferId,
+        /// Row width in elements.
         width: usize,
     },
     /// `out = x · Wᵀ` over q4 tiles (`w_rows × w_cols`).
     MatMulQ4 {
+        /// The packed q4 tiles.
         weight: BufferId,
+        /// Weight rows: the output width.
         w_rows: usize,
+        /// Weight columns: the input width.
         w_cols: usize,
+        /// Input rows (`rows × w_cols`).
         x: BufferId,
+        /// Output rows (`rows × w_rows`).
         out: BufferId,
     },
     /// `out = x · Tᵀ` over a BF16 table (`w_rows × w_cols`): the tied head.
     MatMulBf16 {
+        /// The BF16 table (the embedding).
         table: BufferId,
+        /// Table rows: the output width (the vocabulary).
         w_rows: usize,
+        /// Table columns: the input width (hidden).
         w_cols: usize,
+        /// Input rows (`rows × w_cols`).
         x: BufferId,
+        /// Output rows (`rows × w_rows`).
         out: BufferId,
     },
     /// Per-head RMSNorm (with `gain`) then rope at positions `position..`, in place.
     NormRope {
+        /// Query or key rows (`heads × head_dim` each), rotated in place.
         x: BufferId,
+        /// Heads per row.
         heads: usize,
+        /// Per-head RMSNorm gain (Qwen3); `None` skips the norm.
         gain: Option<BufferId>,
+        /// The rope cos/sin table.
         rope: BufferId,
     },
     /// Writes the pass's key and value rows at positions `position..` of a layer's cache.
     KvAppend {
+        /// The pass's key rows.
         k: BufferId,
+        /// The pass's value rows.
         v: BufferId,
+        /// The layer's key cache.
         keys: BufferId,
+        /// The layer's value cache.
         values: BufferId,
     },
     /// Causal attention of the pass's query rows over the cache (rows see `..=position + i`).
     Attention {
+        /// Query rows, after rope.
         q: BufferId,
+        /// The layer's key cache.
         keys: BufferId,
+        /// The layer's value cache.
         values: BufferId,
+        /// Attention output rows (`rows × q_dim`).
         out: BufferId,
     },
     /// `x += y`.
     Add {
+        /// Rows updated in place.
         x: BufferId,
+        /// Rows added to `x`.
         y: BufferId,
+        /// Row width in elements.
         width: usize,
     },
     /// `gate = silu(gate) * up`.
     SwiGlu {
+        /// Gate rows, overwritten with the result.
         gate: BufferId,
+        /// Up-projection rows.
         up: BufferId,
+        /// Row width in elements (the intermediate size).
         width: usize,
     },
     /// Copies rows of `from` into tap slot `slot` of the tap rows buffer `to`.
     TapCopy {
+        /// Rows to copy: the residual stream, or the final-normed rows for the last layer.
         from: BufferId,
+        /// The tap rows buffer (`rows × taps × hidden`).
         to: BufferId,
+        /// Which tap the rows fill (index into [`PlanOptions::taps`]).
         slot: usize,
     },
 }
@@ -290,11 +350,17 @@ pub struct PassArgs {
 /// What kernels need to know about the model beyond their buffers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Geometry {
+    /// Width of the residual stream.
     pub hidden: usize,
+    /// Width of one attention head.
     pub head_dim: usize,
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads.
     pub num_kv_heads: usize,
+    /// Vocabulary size: logits per row.
     pub vocab: usize,
+    /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// Positions the KV buffers hold.
     pub capacity: usize,
@@ -307,14 +373,18 @@ pub struct Geometry {
 /// One step: an op and where it sits in the model (for plans printed to people).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {
+    /// The layer it belongs to; `None` for the embedding, final norm and head.
     pub layer: Option<usize>,
+    /// Short name for people (`q_proj`, `kv append`, `residual`, ...).
     pub label: &'static str,
+    /// The kernel invocation.
     pub op: Op,
 }
 
 /// Choices that shape the plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
+    /// Where the logits come from: the q4 head tiles or the BF16 embedding.
     pub head: HeadKind,
     /// Rows per pass; longer passes run in chunks (same bits: kernels are batch invariant).
     pub max_rows: usize,
@@ -339,15 +409,23 @@ impl PlanOptions {
 /// The whole plan: buffers, steps, and the buffers the host reads after a pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DispatchPlan {
+    /// The model geometry kernels receive.
     pub geometry: Geometry,
+    /// Every buffer, indexed by [`BufferId`].
     pub buffers: Vec<BufferSpec>,
+    /// The ops of one pass, in order.
     pub steps: Vec<Step>,
+    /// Input: the pass's token ids.
     pub tokens: BufferId,
+    /// Output: logits (`rows × vocab`).
     pub logits: BufferId,
+    /// Output: final-normed hidden rows (`rows × hidden`).
     pub final_hidden: BufferId,
+    /// Output: tap rows (`rows × taps × hidden`), when taps were asked for.
     pub tap_rows: Option<BufferId>,
     /// Per layer: the keys and values buffers.
     pub kv: Vec<(BufferId, BufferId)>,
+    /// The options the plan was built with.
     pub options: PlanOptions,
 }
 

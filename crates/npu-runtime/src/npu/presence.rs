@@ -14,7 +14,9 @@ pub const BUILT_WITHOUT_XRT: &str =
 /// One accelerator node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccelNode {
+    /// The device node (`/dev/accel/accelN`).
     pub node: PathBuf,
+    /// Name of the driver bound to it, if any.
     pub driver: Option<String>,
     /// Whether this process may open it read-write.
     pub accessible: bool,
@@ -23,9 +25,13 @@ pub struct AccelNode {
 /// The finding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NpuPresence {
+    /// Every accelerator node found, sorted by path.
     pub nodes: Vec<AccelNode>,
+    /// Whether this onebit was built with XRT support.
     pub xrt_built: bool,
+    /// Whether the NPU backend can run here.
     pub usable: bool,
+    /// Why or why not, one sentence for people.
     pub reason: String,
 }
 
