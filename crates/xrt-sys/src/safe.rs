@@ -10,8 +10,11 @@ use crate::ffi;
 /// An XRT failure: the shim's status code and message, with what onebit was doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XrtError {
+    /// What onebit was doing when XRT failed (e.g. "open device 0").
     pub doing: String,
+    /// The shim's status code (non-zero).
     pub code: i32,
+    /// XRT's own message, as the shim caught it.
     pub message: String,
 }
 
@@ -27,6 +30,7 @@ impl std::fmt::Display for XrtError {
 
 impl std::error::Error for XrtError {}
 
+/// A result whose error is an [`XrtError`].
 pub type Result<T> = std::result::Result<T, XrtError>;
 
 fn check(status: i32, doing: impl FnOnce() -> String) -> Result<()> {
@@ -134,8 +138,11 @@ fn non_null<T>(raw: *mut T, doing: &str) -> Result<NonNull<T>> {
 /// Where a buffer lives (XRT's `xrt::bo::flags`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferKind {
+    /// Device memory synced explicitly (`xrt::bo::flags::normal`).
     Normal,
+    /// Host-cacheable device memory (`xrt::bo::flags::cacheable`).
     Cacheable,
+    /// Host memory the device reads directly (`xrt::bo::flags::host_only`).
     HostOnly,
 }
 
