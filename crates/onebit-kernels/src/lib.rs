@@ -3,8 +3,8 @@
 //!
 //! | family | module | reference | variants |
 //! |---|---|---|---|
-//! | q4 tiles × f32 activations | [`matmul`] | [`matmul::reference_dot`] | scalar, AVX2, AVX-512, AVX-512 VBMI |
-//! | q4 × int8 activations, int8 head | [`q8`] | [`q8::reference`] | scalar, AVX2, AVX-VNNI, AVX-512 VNNI |
+//! | q4 tiles × f32 activations | [`mod@matmul`] | [`matmul::reference_dot`] | scalar, AVX2, AVX-512, AVX-512 VBMI |
+//! | q4 × int8 activations, int8 head | [`q8`] | [`mod@q8::reference`] | scalar, AVX2, AVX-VNNI, AVX-512 VNNI |
 //! | dense BF16 × f32 (tied head, DFlash fusion) | [`dense`] | [`dense::reference_dot`] | scalar, AVX2, AVX-512 |
 //! | element-wise, `dot`, attention | [`elementwise`] | the portable functions | hardware or software FMA |
 //!

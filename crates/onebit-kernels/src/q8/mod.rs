@@ -2,7 +2,7 @@
 //! 32-column group, multiplied with 4-bit weight codes (or int8 head weights) in exact
 //! integer arithmetic, then scaled by one fixed sequence of f32 operations.
 //!
-//! The bits are defined by [`reference`]: for output row `r` and input row `i`,
+//! The bits are defined by [`mod@reference`]: for output row `r` and input row `i`,
 //! ```text
 //! y = 0
 //! for each 32-column group g, in column order:
