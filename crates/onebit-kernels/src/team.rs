@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
+/// Spins of the posting thread, waiting for workers, before it starts yielding its core.
+const YIELD_AFTER: u32 = 20_000;
 
 /// A job: `task(i)` for `i` in `0..count`, the closure erased to a raw pointer valid
 /// until the posting thread has seen every worker finish.
@@ -35,7 +37,12 @@ struct Shared {
     epoch: AtomicUsize,
     job: Mutex<Option<Job>>,
     next: AtomicUsize,
-    finished: AtomicUsize,
+    /// Tasks of the current job that have completed.
+    done: AtomicUsize,
+    /// Whether the current job still accepts workers.
+    open: AtomicBool,
+    /// Workers inside the current job (they may touch its closure).
+    active: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
     sleepers: Mutex<Vec<Thread>>,
@@ -58,7 +65,9 @@ impl Team {
             epoch: AtomicUsize::new(0),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            open: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleepers: Mutex::new(Vec::new()),
@@ -106,25 +115,30 @@ impl Team {
             return;
         }
         let s = &*self.shared;
-        // SAFETY (lifetime erasure): the pointer is only dereferenced by workers between
-        // the epoch bump below and their `finished` increment, and this function does not
-        // return (or unwind) before every worker has incremented `finished`.
+        // SAFETY (lifetime erasure): a worker dereferences the pointer only while it is
+        // counted in `active` and saw `open`; this function closes the job and waits for
+        // `active` to reach zero before it returns (or unwinds), so no use outlives `task`.
         let erased: *const (dyn Fn(usize) + Sync + 'static) =
             unsafe { std::mem::transmute(task as *const (dyn Fn(usize) + Sync)) };
         *s.job.lock().expect("team job lock") = Some(Job {
             task: erased,
             count,
         });
-        s.next.store(0, Ordering::Relaxed);
-        s.finished.store(0, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::Release);
+        s.next.store(0, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
+        s.open.store(true, Ordering::SeqCst);
+        s.epoch.fetch_add(1, Ordering::SeqCst);
         for sleeper in s.sleepers.lock().expect("team sleepers lock").drain(..) {
             sleeper.unpark();
         }
+        // The caller works too; tasks no worker took are all run here, so an idle or
+        // descheduled worker never holds the caller up.
         let mine = catch_unwind(AssertUnwindSafe(|| claim(s, task, count)));
-        while s.finished.load(Ordering::Acquire) < self.workers.len() {
-            std::hint::spin_loop();
-        }
+        wait_until(|| s.done.load(Ordering::Acquire) >= count);
+        // Close the job, then wait for workers still inside it (they can only be
+        // finishing their claim loop: every task is done).
+        s.open.store(false, Ordering::SeqCst);
+        wait_until(|| s.active.load(Ordering::SeqCst) == 0);
         *s.job.lock().expect("team job lock") = None;
         if mine.is_err() || s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a parallel task panicked");
@@ -132,14 +146,31 @@ impl Team {
     }
 }
 
-/// Claims and runs tasks until none are left.
+/// Spins, then yields the core, until `ready()`.
+fn wait_until(ready: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !ready() {
+        spins += 1;
+        if spins < YIELD_AFTER {
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+    }
+}
+
+/// Claims and runs tasks until none are left, counting each as done (a panicking task
+/// too, after noting the panic, so the caller never waits for it).
 fn claim(s: &Shared, task: &(dyn Fn(usize) + Sync), count: usize) {
     loop {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
         if i >= count {
             return;
         }
-        task(i);
+        if catch_unwind(AssertUnwindSafe(|| task(i))).is_err() {
+            s.panicked.store(true, Ordering::Relaxed);
+        }
+        s.done.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -148,6 +179,7 @@ fn worker(s: &Shared) {
     loop {
         // Wait for a new epoch: spin, then park.
         let start = Instant::now();
+        let mut spins = 0u32;
         loop {
             if s.stop.load(Ordering::Acquire) {
                 return;
@@ -155,8 +187,15 @@ fn worker(s: &Shared) {
             if s.epoch.load(Ordering::Acquire) != seen {
                 break;
             }
-            if start.elapsed() < SPIN {
-                std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            // Read the clock only now and then (it is not free), and yield now and then
+            // so a loaded machine can run the thread the caller waits for.
+            if spins % 64 != 0 || start.elapsed() < SPIN {
+                if spins % 4096 == 0 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             s.sleepers
@@ -169,16 +208,19 @@ fn worker(s: &Shared) {
                 thread::park_timeout(Duration::from_millis(50));
             }
         }
-        seen = s.epoch.load(Ordering::Acquire);
-        let job = *s.job.lock().expect("team job lock");
-        if let Some(job) = job {
-            // SAFETY: see `Team::run`: the poster waits for our `finished` increment.
-            let task = unsafe { &*job.task };
-            if catch_unwind(AssertUnwindSafe(|| claim(s, task, job.count))).is_err() {
-                s.panicked.store(true, Ordering::Relaxed);
+        seen = s.epoch.load(Ordering::SeqCst);
+        // Enter, then check the job is still open: the caller closes it and then waits
+        // for `active` to drain, so either it sees us here or we see it closed.
+        s.active.fetch_add(1, Ordering::SeqCst);
+        if s.open.load(Ordering::SeqCst) && s.epoch.load(Ordering::SeqCst) == seen {
+            let job = *s.job.lock().expect("team job lock");
+            if let Some(job) = job {
+                // SAFETY: see `Team::run`: the job is open and we are counted in `active`.
+                let task = unsafe { &*job.task };
+                claim(s, task, job.count);
             }
         }
-        s.finished.fetch_add(1, Ordering::AcqRel);
+        s.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
