@@ -190,8 +190,8 @@ fn worker(s: &Shared) {
             spins = spins.wrapping_add(1);
             // Read the clock only now and then (it is not free), and yield now and then
             // so a loaded machine can run the thread the caller waits for.
-            if spins % 64 != 0 || start.elapsed() < SPIN {
-                if spins % 4096 == 0 {
+            if !spins.is_multiple_of(64) || start.elapsed() < SPIN {
+                if spins.is_multiple_of(4096) {
                     thread::yield_now();
                 } else {
                     std::hint::spin_loop();
