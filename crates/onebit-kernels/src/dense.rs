@@ -35,6 +35,17 @@ fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
+/// The name of the variant this family runs under `isa` (for reports).
+pub fn variant_name(isa: Isa) -> &'static str {
+    if isa.avx512() {
+        "avx512"
+    } else if isa.avx2() {
+        "avx2"
+    } else {
+        "scalar"
+    }
+}
+
 /// `y[i * rows + r] = Σ_c W[r][c] · x[i * k + c]`.
 ///
 /// # Panics

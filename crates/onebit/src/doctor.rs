@@ -76,6 +76,24 @@ fn plan_for(model: &Path) -> Result<(TargetPackage, DispatchPlan)> {
     Ok((package, plan))
 }
 
+/// Each kernel family and the variant it runs on this CPU.
+fn families() -> [(&'static str, &'static str); 3] {
+    let isa = Isa::detect();
+    [
+        ("q4xf32", npu_runtime::kernels::matmul::variant_name(isa)),
+        ("q8", npu_runtime::kernels::q8::variant_name(isa)),
+        ("bf16", npu_runtime::kernels::dense::variant_name(isa)),
+    ]
+}
+
+fn families_json() -> serde_json::Value {
+    families()
+        .iter()
+        .map(|(family, variant)| (family.to_string(), serde_json::Value::from(*variant)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 pub fn run(args: &DoctorArgs) -> Result<()> {
     let presence = probe_this_machine();
     let kernels: Vec<String> = Isa::available().iter().map(|k| k.name()).collect();
@@ -103,6 +121,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
             "cpu": {
                 "kernels": kernels,
                 "chosen": Isa::detect().name(),
+                "families": families_json(),
                 "threads": rayon::current_num_threads(),
             },
             "xrt": {
@@ -147,6 +166,14 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         kernels.join(", "),
         Isa::detect().name(),
         rayon::current_num_threads()
+    );
+    println!(
+        "cpu: variants in use: {}",
+        families()
+            .iter()
+            .map(|(family, variant)| format!("{family} {variant}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "xrt: this onebit was built {} XRT support{}",

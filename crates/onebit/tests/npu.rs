@@ -13,6 +13,13 @@ fn doctor_reports_the_machine_and_why_the_npu_is_not_usable() {
         .unwrap()
         .iter()
         .any(|k| k == "scalar"));
+    // Every kernel family names the variant it runs here.
+    for family in ["q4xf32", "q8", "bf16"] {
+        let variant = report["cpu"]["families"][family]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!variant.is_empty(), "{family}: {}", report["cpu"]);
+    }
     assert_eq!(report["xrt"]["built_with_xrt"], cfg!(feature = "xrt"));
     let usable = report["npu"]["usable"].as_bool().unwrap();
     let reason = report["npu"]["reason"].as_str().unwrap();
