@@ -182,7 +182,8 @@ fn run_lookup_with_sampling_and_on_the_sim_backend() {
 
     // The sim runs the f32 family: compare at the same precision.
     let cpu = run_json("tiny-llama", &["--precision", "f32"]);
-    let sim = run_json("tiny-llama", &["--backend", "sim", "--lookup"]);
+    // Fixed k: every step after the prompt drafts, whatever the machine's timings.
+    let sim = run_json("tiny-llama", &["--backend", "sim", "--lookup", "--fixed-k"]);
     assert_eq!(ids(&sim["tokens"]), ids(&cpu["tokens"]));
     assert!(sim["backend"].as_str().unwrap().starts_with("sim"));
     assert!(sim["speculative"]["rounds"].as_u64().unwrap() > 0);
@@ -228,6 +229,7 @@ fn run_draft_with_adaptive_k_keeps_the_reference_text() {
     let s = &v["speculative"];
     assert_eq!(s["drafter"], "dflash");
     assert_eq!(s["adaptive"], true);
+    // Paid probes (a 1-draft round after 8 plain steps, backing off) guarantee rounds
+    // whatever the timings; how many drafts they accept depends on the timings.
     assert!(s["rounds"].as_u64().unwrap() > 0, "{s}");
-    assert!(s["accepted"].as_u64().unwrap() > 0, "{s}");
 }

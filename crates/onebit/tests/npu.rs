@@ -129,7 +129,10 @@ fn sim_backend_generates_the_cpu_backends_tokens() {
         "{}",
         sim["backend"]
     );
-    let spec = run("sim", &["--oracle", "every-third", "--draft-max", "5"]);
+    let spec = run(
+        "sim",
+        &["--oracle", "every-third", "--draft-max", "5", "--fixed-k"],
+    );
     assert_eq!(spec["plain"]["tokens"], cpu["tokens"]);
     assert_eq!(spec["speculative"]["tokens"], cpu["tokens"]);
     assert!(spec["speculative"]["stats"]["rounds"].as_u64().unwrap() > 1);

@@ -76,7 +76,11 @@ fn real_smollm2_lookup_text_equals_plain() {
                 .as_str()
                 .unwrap()
                 .contains("library on Tuesday"));
-            assert!(s["accepted"].as_u64().unwrap() >= 10, "{s}");
+            // Adaptive k follows this machine's timings (a loaded CI machine may judge
+            // drafting not worth it for a while), so the check is that lookup was
+            // consulted: drafts verified, or free shadow probes on plain steps.
+            let consulted = s["drafted"].as_u64().unwrap() + s["shadow_probes"].as_u64().unwrap();
+            assert!(consulted > 0, "{s}");
         }
     }
 }

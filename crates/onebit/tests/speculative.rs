@@ -93,6 +93,8 @@ fn oracle_side_by_side_and_bench() {
             "--json",
             "--oracle",
             "every-third",
+            // Fixed k: the drafted/accepted comparison must not depend on timings.
+            "--fixed-k",
             "--model",
         ])
         .arg(fixture("tiny-qwen3"))
