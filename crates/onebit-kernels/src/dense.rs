@@ -80,11 +80,7 @@ pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut
             }
         }
     });
-    for row in 0..rows {
-        for i in 0..n {
-            y[i * rows + row] = scratch[row * n + i];
-        }
-    }
+    crate::transpose_into(&scratch, n, rows, y);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -233,13 +229,7 @@ pub fn matmul_bf16_block_columns(
             }
         }
     });
-    for b in 0..rows / 32 {
-        for r in 0..32 {
-            for i in 0..n {
-                y[i * rows + b * 32 + r] = scratch[(b * 32 + r) * n + i];
-            }
-        }
-    }
+    crate::transpose_into(&scratch, n, rows, y);
 }
 
 /// 32 outputs of one row block: `acc[r] = Σ_c fma(W[r][c], x[c], acc[r])`.

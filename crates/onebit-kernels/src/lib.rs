@@ -26,5 +26,16 @@ pub mod q8;
 pub mod team;
 
 pub use elementwise::*;
+
+/// Scratch laid out `[output row][input row]` (what the row-block tasks write) into
+/// `y[input row · rows + output row]`, for the first `rows` output rows (padding rows of
+/// the scratch are skipped). Every family's matmul ends with it.
+pub(crate) fn transpose_into(scratch: &[f32], n: usize, rows: usize, y: &mut [f32]) {
+    for (r, values) in scratch.chunks_exact(n).enumerate().take(rows) {
+        for (i, &v) in values.iter().enumerate() {
+            y[i * rows + r] = v;
+        }
+    }
+}
 pub use isa::Isa;
 pub use matmul::matmul;

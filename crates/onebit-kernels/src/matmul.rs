@@ -159,17 +159,7 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
         // SAFETY: as above, avx2 and fma detected.
         Variant::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
     });
-    for rb in 0..blocks {
-        for r in 0..TILE_ROWS {
-            let row = rb * TILE_ROWS + r;
-            if row >= rows {
-                break;
-            }
-            for i in 0..n {
-                y[i * rows + row] = scratch[(rb * TILE_ROWS + r) * n + i];
-            }
-        }
-    }
+    crate::transpose_into(&scratch, n, rows, y);
 }
 
 /// One 32-row block for all inputs, scalar. `out[r * n + i]`.

@@ -509,7 +509,7 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
     });
     if n > 1 {
-        transpose_into(&scratch, n, stride, y);
+        crate::transpose_into(&scratch, n, stride, y);
     }
 }
 
@@ -548,16 +548,7 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
             }
         }
     });
-    transpose_into(&scratch, n, rows, y);
-}
-
-/// `scratch[r · n + i]` → `y[i · stride + r]`.
-fn transpose_into(scratch: &[f32], n: usize, stride: usize, y: &mut [f32]) {
-    for (r, values) in scratch.chunks_exact(n).enumerate().take(stride) {
-        for (i, &v) in values.iter().enumerate() {
-            y[i * stride + r] = v;
-        }
-    }
+    crate::transpose_into(&scratch, n, rows, y);
 }
 
 #[inline]
