@@ -240,20 +240,30 @@ impl<'a> CpuTarget<'a> {
     fn prepare_head(&self) {
         match (self.head, self.precision) {
             (HeadKind::EmbeddingInt8, _) => {
-                self.head_int8.get_or_init(|| {
-                    I8Matrix::from_bf16(
-                        self.weights.embed.bytes,
-                        self.config.vocab_size,
-                        self.config.hidden_size,
-                    )
-                });
+                self.int8_head();
             }
             (HeadKind::Tiles, Precision::Q8 | Precision::Q8x2) => {
-                self.head_tiles_q8
-                    .get_or_init(|| PackedQ4::new(&self.weights.lm_head));
+                self.q8_tiles_head();
             }
             _ => {}
         }
+    }
+
+    /// The int8 copy of the embedding (built on first use).
+    fn int8_head(&self) -> &I8Matrix {
+        self.head_int8.get_or_init(|| {
+            I8Matrix::from_bf16(
+                self.weights.embed.bytes,
+                self.config.vocab_size,
+                self.config.hidden_size,
+            )
+        })
+    }
+
+    /// The head tiles repacked for the q8 family (built on first use).
+    fn q8_tiles_head(&self) -> &PackedQ4 {
+        self.head_tiles_q8
+            .get_or_init(|| PackedQ4::new(&self.weights.lm_head))
     }
 
     /// The head in use.
@@ -297,12 +307,7 @@ impl<'a> CpuTarget<'a> {
         let head = match self.head {
             HeadKind::Tiles => tile_bytes(c.vocab_size, c.hidden_size),
             HeadKind::Embedding => c.vocab_size * c.hidden_size * 2,
-            HeadKind::EmbeddingInt8 => {
-                c.vocab_size.div_ceil(q8::I8_BLOCK_ROWS) * q8::I8_BLOCK_ROWS * c.hidden_size
-                    / q8::GROUP
-                    * q8::I8_GROUP_BYTES
-                    / q8::I8_BLOCK_ROWS
-            }
+            HeadKind::EmbeddingInt8 => self.int8_head().byte_len(),
         };
         per_layer * c.num_layers + head
     }
@@ -497,15 +502,10 @@ impl CpuTarget<'_> {
         };
         match (self.head, self.precision) {
             (HeadKind::EmbeddingInt8, _) => {
-                let w = self
-                    .head_int8
-                    .get_or_init(|| I8Matrix::from_bf16(self.weights.embed.bytes, v, h));
-                q8::matmul_i8_levels(w, &quantize(), levels, self.kernel)
+                q8::matmul_i8_levels(self.int8_head(), &quantize(), levels, self.kernel)
             }
             (HeadKind::Tiles, Precision::Q8 | Precision::Q8x2) => {
-                let w = self
-                    .head_tiles_q8
-                    .get_or_init(|| PackedQ4::new(&self.weights.lm_head));
+                let w = self.q8_tiles_head();
                 let y = q8::matmul_q4_levels(w, &quantize(), levels, self.kernel);
                 gather(&y, n, w.stride(), 0..v)
             }
