@@ -57,7 +57,7 @@ impl<'a> Target<'a> {
     ) -> Result<Target<'a>> {
         if backend != BackendArg::Cpu && precision != Precision::F32 {
             bail!(
-                "--precision {}: the {} backend runs the f32 family only",
+                "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
                 precision.name(),
                 backend.name()
             );

@@ -52,15 +52,6 @@ fn log_probs(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&l| l as f64 - log_z).collect()
 }
 
-fn argmax(values: &[f32]) -> usize {
-    npu_runtime::argmax(values)
-}
-
-/// Per-token results of one precision over the scored positions.
-struct Scores {
-    nll: Vec<f64>,
-}
-
 /// Comparison figures between two precisions.
 struct Comparison {
     kld: Vec<f64>,
@@ -115,8 +106,8 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     } else {
         None
     };
-    let mut scores = Scores { nll: Vec::new() };
-    let mut other_scores = Scores { nll: Vec::new() };
+    let mut nll: Vec<f64> = Vec::new();
+    let mut other_nll: Vec<f64> = Vec::new();
     let mut cmp = Comparison {
         kld: Vec::new(),
         top1_equal: 0,
@@ -138,15 +129,15 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             let row = &logits[i * vocab..(i + 1) * vocab];
             let lp = log_probs(row);
             let next = window[i + 1] as usize;
-            scores.nll.push(-lp[next]);
+            nll.push(-lp[next]);
             if let Some(ol) = &other_logits {
                 let orow = &ol[i * vocab..(i + 1) * vocab];
                 let olp = log_probs(orow);
-                other_scores.nll.push(-olp[next]);
+                other_nll.push(-olp[next]);
                 // KL(reference || main) with the compared precision as the reference.
                 let kl: f64 = olp.iter().zip(&lp).map(|(&r, &m)| r.exp() * (r - m)).sum();
                 cmp.kld.push(kl.max(0.0));
-                if argmax(row) == argmax(orow) {
+                if npu_runtime::argmax(row) == npu_runtime::argmax(orow) {
                     cmp.top1_equal += 1;
                 }
             }
@@ -159,14 +150,14 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         bar.finish_and_clear();
     }
     let ppl = |nll: &[f64]| (nll.iter().sum::<f64>() / nll.len() as f64).exp();
-    let scored = scores.nll.len();
+    let scored = nll.len();
     let compare = other.as_ref().map(|t| {
         let mut sorted = cmp.kld.clone();
         sorted.sort_by(|a, b| a.total_cmp(b));
         let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
         (
             t.precision().name(),
-            ppl(&other_scores.nll),
+            ppl(&other_nll),
             cmp.kld.iter().sum::<f64>() / cmp.kld.len() as f64,
             p99,
             cmp.top1_equal as f64 / scored as f64,
@@ -181,7 +172,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             "ctx": args.ctx,
             "windows": windows,
             "tokens": scored,
-            "perplexity": ppl(&scores.nll),
+            "perplexity": ppl(&nll),
             "seconds": start.elapsed().as_secs_f64(),
         });
         if let Some((precision, perplexity, kld_mean, kld_p99, top1)) = compare {
@@ -204,11 +195,11 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             main.precision().name(),
             main.head().name()
         );
-        println!("perplexity: {:.4}", ppl(&scores.nll));
+        println!("perplexity: {:.4}", ppl(&nll));
         if let Some((precision, perplexity, kld_mean, kld_p99, top1)) = compare {
             println!(
                 "at {precision}: perplexity {perplexity:.4} (ratio {:.4}); KL divergence from it: mean {kld_mean:.6}, p99 {kld_p99:.6}; top-1 agreement {:.2}%",
-                ppl(&scores.nll) / perplexity,
+                ppl(&nll) / perplexity,
                 top1 * 100.0
             );
         }

@@ -69,7 +69,7 @@ impl TargetArgs {
             package,
             self.backend,
             self.kernel.resolve()?,
-            self.precision.resolve(self.backend)?,
+            self.precision.resolve(self.backend),
             self.threads,
             self.head.kind(),
             &npu,
@@ -201,19 +201,16 @@ pub enum PrecisionArg {
 }
 
 impl PrecisionArg {
-    /// The precision on `backend`; `q8` is refused where no `q8` kernels run.
-    pub fn resolve(self, backend: BackendArg) -> Result<Precision> {
+    /// The precision on `backend`: `auto` is the integer default on the CPU and `f32`
+    /// elsewhere; an explicit choice passes through (`Target::open` refuses what the
+    /// backend cannot run).
+    pub fn resolve(self, backend: BackendArg) -> Precision {
         match (self, backend) {
-            (PrecisionArg::F32, _) => Ok(Precision::F32),
-            (PrecisionArg::Auto, BackendArg::Cpu) => Ok(Precision::auto()),
-            (PrecisionArg::Auto, _) => Ok(Precision::F32),
-            (PrecisionArg::Q8, BackendArg::Cpu) => Ok(Precision::Q8),
-            (PrecisionArg::Q8x2, BackendArg::Cpu) => Ok(Precision::Q8x2),
-            (PrecisionArg::Q8 | PrecisionArg::Q8x2, other) => bail!(
-                "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
-                if self == PrecisionArg::Q8 { "q8" } else { "q8x2" },
-                other.name()
-            ),
+            (PrecisionArg::F32, _) => Precision::F32,
+            (PrecisionArg::Q8, _) => Precision::Q8,
+            (PrecisionArg::Q8x2, _) => Precision::Q8x2,
+            (PrecisionArg::Auto, BackendArg::Cpu) => Precision::auto(),
+            (PrecisionArg::Auto, _) => Precision::F32,
         }
     }
 }
