@@ -74,8 +74,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "q8x2-residual-level-adds-the-mins-again",
         file: "crates/onebit-kernels/src/q8/mod.rs",
-        find: "self.sums[second + g] = 0.0;",
-        replace: "self.sums[second + g] = values.iter().sum();",
+        find: "self.sums[g0 + g] = if float_sums { s } else { 0.0 };",
+        replace: "self.sums[g0 + g] = s;",
         tests: &["-p", "onebit-kernels", "--test", "q8"],
         also: None,
         requires: &[],

@@ -95,25 +95,37 @@ impl QuantizedRows {
     pub fn quantize_from(&mut self, x: &[f32], rows: usize, k: usize) {
         assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
         assert_eq!(x.len(), rows * k, "q8: input is not rows × K");
-        let groups = k / GROUP;
-        self.rows = rows;
         self.k = k;
-        self.codes.resize(rows * k, 0);
+        self.resize(rows);
+        self.quantize_rows(x, 0, true);
+    }
+
+    /// Sizes the buffers for `rows` rows of the current K.
+    fn resize(&mut self, rows: usize) {
+        let groups = self.k / GROUP;
+        self.rows = rows;
+        self.codes.resize(rows * self.k, 0);
         self.scales.resize(rows * groups, 0.0);
         self.sums.resize(rows * groups, 0.0);
         self.code_sums.resize(rows * groups, 0);
+    }
+
+    /// Quantizes the rows of `x` into rows `first ..` (buffers already sized); the
+    /// float sums are the inputs' (`float_sums`) or zero.
+    fn quantize_rows(&mut self, x: &[f32], first: usize, float_sums: bool) {
+        let g0 = first * (self.k / GROUP);
         for (g, (values, codes)) in x
             .chunks_exact(GROUP)
-            .zip(self.codes.chunks_exact_mut(GROUP))
+            .zip(self.codes[first * self.k..].chunks_exact_mut(GROUP))
             .enumerate()
         {
-            self.scales[g] = quantize_group(values, codes);
+            self.scales[g0 + g] = quantize_group(values, codes);
             let mut s = 0f32;
             for &v in values {
                 s += v;
             }
-            self.sums[g] = s;
-            self.code_sums[g] = codes.iter().map(|&c| c as i32).sum();
+            self.sums[g0 + g] = if float_sums { s } else { 0.0 };
+            self.code_sums[g0 + g] = codes.iter().map(|&c| c as i32).sum();
         }
     }
 
@@ -127,28 +139,14 @@ impl QuantizedRows {
         if levels == Levels::One {
             return;
         }
-        let groups = k / GROUP;
         let mut residual = Vec::with_capacity(rows * k);
         for (g, values) in x.chunks_exact(GROUP).enumerate() {
             let d = self.scales[g];
             let codes = &self.codes[g * GROUP..(g + 1) * GROUP];
             residual.extend(values.iter().zip(codes).map(|(&v, &q)| v - d * q as f32));
         }
-        self.rows = 2 * rows;
-        self.codes.resize(2 * rows * k, 0);
-        self.scales.resize(2 * rows * groups, 0.0);
-        self.sums.resize(2 * rows * groups, 0.0);
-        self.code_sums.resize(2 * rows * groups, 0);
-        let second = rows * groups;
-        for (g, (values, codes)) in residual
-            .chunks_exact(GROUP)
-            .zip(self.codes[rows * k..].chunks_exact_mut(GROUP))
-            .enumerate()
-        {
-            self.scales[second + g] = quantize_group(values, codes);
-            self.sums[second + g] = 0.0;
-            self.code_sums[second + g] = codes.iter().map(|&c| c as i32).sum();
-        }
+        self.resize(2 * rows);
+        self.quantize_rows(&residual, rows, false);
     }
 
     /// Input rows.
