@@ -34,6 +34,16 @@ pub struct Mutant {
 
 /// The catalogue. Keep each `find` unique in its file.
 pub const MUTANTS: &[Mutant] = &[
+    // onebit perplexity: the KL divergence's direction (the compared precision is the reference).
+    Mutant {
+        name: "perplexity-kl-in-the-other-direction",
+        file: "crates/onebit/src/perplexity.rs",
+        find: ".map(|(&r, &m)| r.exp() * (r - m))",
+        replace: ".map(|(&r, &m)| m.exp() * (m - r))",
+        tests: &["-p", "onebit", "--test", "perplexity"],
+        also: None,
+        requires: &[],
+    },
     // The q8 family (onebit-kernels) and its use in the CPU target.
     Mutant {
         name: "q8-avx512vnni-min-term-in-another-order",

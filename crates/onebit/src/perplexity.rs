@@ -63,6 +63,13 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         bail!("perplexity: --ctx must be at least 2, got {}", args.ctx);
     }
     let package = args.target.package()?;
+    if args.ctx > package.config.max_positions {
+        bail!(
+            "perplexity: --ctx {} exceeds the model's {} positions",
+            args.ctx,
+            package.config.max_positions
+        );
+    }
     let text = Text::open(&args.target.model)?;
     let content = std::fs::read_to_string(&args.file)
         .with_context(|| format!("perplexity: cannot read {}", args.file.display()))?;
@@ -74,13 +81,6 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             args.file.display(),
             tokens.len(),
             args.ctx
-        );
-    }
-    if args.ctx > package.config.max_positions {
-        bail!(
-            "perplexity: --ctx {} exceeds the model's {} positions",
-            args.ctx,
-            package.config.max_positions
         );
     }
     let vocab = package.config.vocab_size;

@@ -140,3 +140,30 @@ fn perplexity_refuses_a_text_shorter_than_a_window() {
         "{err}"
     );
 }
+
+/// A window shorter than two tokens scores nothing, and one longer than the model's
+/// positions cannot run: both refused by value before any work.
+#[test]
+fn perplexity_refuses_windows_the_model_cannot_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, TEXT).unwrap();
+    for (ctx, want) in [
+        ("1", "perplexity: --ctx must be at least 2, got 1"),
+        (
+            "100000",
+            "perplexity: --ctx 100000 exceeds the model's 256 positions",
+        ),
+    ] {
+        let out = onebit()
+            .args(["perplexity", "--ctx", ctx, "--model"])
+            .arg(fixture("tiny-llama"))
+            .arg("--file")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+    }
+}
