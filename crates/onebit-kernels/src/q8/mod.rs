@@ -11,6 +11,9 @@
 //!     y     = y + fma(m[r][g], sx[i][g], scale · isum)   (q4 weights)
 //!     y     = fma(scale, isum, y)                        (int8 head weights)
 //! ```
+//! At two levels ([`Levels::Two`]) an input is `(dx/128) · (128·q + q')`, `q'` the
+//! residual's code: `isum = 128 · Σ code·q + Σ code·q'` (still exact), with `dx/128` as
+//! the row's scale, so the float sequence above runs once per element at either level.
 //! The integer sum is exact, so the order in which a SIMD variant adds its products does
 //! not matter; every variant then performs exactly the float sequence above per element,
 //! which makes every variant equal the reference bit for bit. Quantization is per input
@@ -70,14 +73,32 @@ pub fn quantize_group(values: &[f32], codes: &mut [i8]) -> f32 {
 /// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
 /// the scale `dx`, the float sum of the group's inputs `sx` (for the q4 mins) and the
 /// sum of its codes (for the int8 head's unsigned-operand correction).
-#[derive(Clone, Debug, Default)]
+///
+/// Each input row is [`Levels::count`] *level rows* of codes, stored next to each other
+/// (input row `i` is level rows `L·i .. L·i + L`); the accessors index level rows.
+#[derive(Clone, Debug)]
 pub struct QuantizedRows {
+    levels: Levels,
     rows: usize,
     k: usize,
     codes: Vec<i8>,
     scales: Vec<f32>,
     sums: Vec<f32>,
     code_sums: Vec<i32>,
+}
+
+impl Default for QuantizedRows {
+    fn default() -> QuantizedRows {
+        QuantizedRows {
+            levels: Levels::One,
+            rows: 0,
+            k: 0,
+            codes: Vec::new(),
+            scales: Vec::new(),
+            sums: Vec::new(),
+            code_sums: Vec::new(),
+        }
+    }
 }
 
 impl QuantizedRows {
@@ -93,79 +114,100 @@ impl QuantizedRows {
 
     /// [`QuantizedRows::quantize`] into this value's buffers (no allocation once grown).
     pub fn quantize_from(&mut self, x: &[f32], rows: usize, k: usize) {
+        self.quantize_levels(x, rows, k, Levels::One);
+    }
+
+    /// Quantizes `rows` rows of `k` values at `levels` int8 levels, into this value's
+    /// buffers (no allocation once grown). Per group, `t = v · 127 / max|v|` and
+    /// `q = round(t)` (ties to even) as in [`quantize_group`]; at [`Levels::Two`] the
+    /// residual code is `q' = round(128 · (t - q))` (|q'| ≤ 64) and the scale is
+    /// `dx / 128`, so `(dx/128)·(128·q + q')` carries each input to within `dx / 256`
+    /// (about 15 bits). Either way a row's codes depend on that row alone.
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
+    pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
         assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
         assert_eq!(x.len(), rows * k, "q8: input is not rows × K");
+        let count = levels.count();
+        let groups = k / GROUP;
+        self.levels = levels;
         self.k = k;
-        self.resize(rows);
-        self.quantize_rows(x, 0, true);
-    }
-
-    /// Sizes the buffers for `rows` rows of the current K.
-    fn resize(&mut self, rows: usize) {
-        let groups = self.k / GROUP;
         self.rows = rows;
-        self.codes.resize(rows * self.k, 0);
-        self.scales.resize(rows * groups, 0.0);
-        self.sums.resize(rows * groups, 0.0);
-        self.code_sums.resize(rows * groups, 0);
-    }
-
-    /// Quantizes the rows of `x` into rows `first ..` (buffers already sized); the
-    /// float sums are the inputs' (`float_sums`) or zero.
-    fn quantize_rows(&mut self, x: &[f32], first: usize, float_sums: bool) {
-        let g0 = first * (self.k / GROUP);
-        for (g, (values, codes)) in x
-            .chunks_exact(GROUP)
-            .zip(self.codes[first * self.k..].chunks_exact_mut(GROUP))
-            .enumerate()
-        {
-            self.scales[g0 + g] = quantize_group(values, codes);
-            let mut s = 0f32;
+        self.codes.resize(count * rows * k, 0);
+        self.scales.resize(count * rows * groups, 0.0);
+        self.sums.resize(count * rows * groups, 0.0);
+        self.code_sums.resize(count * rows * groups, 0);
+        for (at, values) in x.chunks_exact(GROUP).enumerate() {
+            let (i, g) = (at / groups, at % groups);
+            // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
+            let gi = count * i * groups + g;
+            let start = count * i * k + g * GROUP;
+            let mut sum = 0f32;
             for &v in values {
-                s += v;
+                sum += v;
             }
-            self.sums[g0 + g] = if float_sums { s } else { 0.0 };
-            self.code_sums[g0 + g] = codes.iter().map(|&c| c as i32).sum();
+            self.sums[gi] = sum;
+            match levels {
+                Levels::One => {
+                    let codes = &mut self.codes[start..start + GROUP];
+                    self.scales[gi] = quantize_group(values, codes);
+                    self.code_sums[gi] = codes.iter().map(|&c| c as i32).sum();
+                }
+                Levels::Two => {
+                    let mut amax = 0f32;
+                    for &v in values {
+                        amax = amax.max(v.abs());
+                    }
+                    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    let (upper, lower) = self.codes[start..].split_at_mut(k);
+                    let (codes, residual) = (&mut upper[..GROUP], &mut lower[..GROUP]);
+                    for ((q, r), &v) in codes.iter_mut().zip(residual.iter_mut()).zip(values) {
+                        // NaN or infinite input saturates through `as`; nothing panics.
+                        let t = v * inverse;
+                        let coarse = round_even(t).clamp(-127.0, 127.0);
+                        *q = coarse as i8;
+                        *r = round_even((t - coarse) * 128.0).clamp(-127.0, 127.0) as i8;
+                    }
+                    // A division by a power of two: exact (short of underflow).
+                    self.scales[gi] = amax / 127.0 / 128.0;
+                    self.scales[gi + groups] = self.scales[gi];
+                    self.sums[gi + groups] = 0.0;
+                    self.code_sums[gi] = codes.iter().map(|&c| c as i32).sum();
+                    self.code_sums[gi + groups] = residual.iter().map(|&c| c as i32).sum();
+                }
+            }
         }
     }
 
-    /// Quantizes `rows` rows at `levels` int8 levels. [`Levels::Two`] adds rows
-    /// `rows..2·rows`: the residual `x - dx·q` of each row, quantized the same way but
-    /// with float sums of zero (so a q4 matmul adds the mins' term once). The two
-    /// levels together carry each input to within `dx / 508` (about 15 bits), and
-    /// still depend on that row alone.
-    pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
-        self.quantize_from(x, rows, k);
-        if levels == Levels::One {
-            return;
-        }
-        let mut residual = Vec::with_capacity(rows * k);
-        for (g, values) in x.chunks_exact(GROUP).enumerate() {
-            let d = self.scales[g];
-            let codes = &self.codes[g * GROUP..(g + 1) * GROUP];
-            residual.extend(values.iter().zip(codes).map(|(&v, &q)| v - d * q as f32));
-        }
-        self.resize(2 * rows);
-        self.quantize_rows(&residual, rows, false);
+    /// The levels each input row carries.
+    pub fn levels(&self) -> Levels {
+        self.levels
     }
 
-    /// Input rows.
+    /// Input rows (each [`QuantizedRows::levels`] level rows).
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Level rows: input rows times levels.
+    pub fn level_rows(&self) -> usize {
+        self.rows * self.levels.count()
     }
     /// Columns per row.
     pub fn cols(&self) -> usize {
         self.k
     }
-    /// Codes of row `i`.
+    /// Codes of level row `i`.
     pub fn codes(&self, i: usize) -> &[i8] {
         &self.codes[i * self.k..(i + 1) * self.k]
     }
-    /// Scale `dx` of row `i`, group `g`.
+    /// Scale of level row `i`, group `g` (`dx`; `dx / 128` at two levels).
     pub fn scale(&self, i: usize, g: usize) -> f32 {
         self.scales[i * (self.k / GROUP) + g]
     }
-    /// Float sum of row `i`'s inputs in group `g`, in column order.
+    /// Float sum of level row `i`'s inputs in group `g`, in column order (the input
+    /// row's, on its first level row; 0 on a residual row).
     pub fn sum(&self, i: usize, g: usize) -> f32 {
         self.sums[i * (self.k / GROUP) + g]
     }
@@ -173,7 +215,7 @@ impl QuantizedRows {
     pub(crate) fn raw(&self) -> (&[i8], &[f32], &[f32], &[i32]) {
         (&self.codes, &self.scales, &self.sums, &self.code_sums)
     }
-    /// Sum of row `i`'s codes in group `g`.
+    /// Sum of level row `i`'s codes in group `g`.
     pub fn code_sum(&self, i: usize, g: usize) -> i32 {
         self.code_sums[i * (self.k / GROUP) + g]
     }
@@ -199,32 +241,26 @@ impl Levels {
     }
 }
 
-/// Adds the second level's outputs (the last `len` values) into the first's, in place,
-/// and drops them: `y = y_first + y_second`, one f32 addition per element.
-fn fold_levels(y: &mut Vec<f32>, len: usize, levels: Levels) {
-    if levels == Levels::Two {
-        let (first, second) = y.split_at_mut(len);
-        for (a, &b) in first.iter_mut().zip(second.iter()) {
-            *a += b;
-        }
-        y.truncate(len);
-    }
-}
-
-/// [`matmul_q4`] over rows quantized at `levels` ([`QuantizedRows::quantize_levels`]):
-/// returns `(x.rows() / levels) × w.stride()` values, each the sum of its levels' outputs.
+/// [`matmul_q4`] into a new `x.rows() × w.stride()` vector, for rows quantized at
+/// `levels` ([`QuantizedRows::quantize_levels`]).
+///
+/// # Panics
+/// If `x` was quantized at other levels (or as [`matmul_q4`]).
 pub fn matmul_q4_levels(w: &PackedQ4, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    assert_eq!(x.levels(), levels, "q8: rows quantized at other levels");
     let mut y = vec![0f32; x.rows() * w.stride()];
     matmul_q4(w, x, &mut y, isa);
-    fold_levels(&mut y, x.rows() / levels.count() * w.stride(), levels);
     y
 }
 
-/// [`matmul_i8`] over rows quantized at `levels`: `(x.rows() / levels) × w.rows()` values.
+/// [`matmul_i8`] into a new `x.rows() × w.rows()` vector, for rows quantized at `levels`.
+///
+/// # Panics
+/// If `x` was quantized at other levels (or as [`matmul_i8`]).
 pub fn matmul_i8_levels(w: &I8Matrix, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    assert_eq!(x.levels(), levels, "q8: rows quantized at other levels");
     let mut y = vec![0f32; x.rows() * w.rows()];
     matmul_i8(w, x, &mut y, isa);
-    fold_levels(&mut y, x.rows() / levels.count() * w.rows(), levels);
     y
 }
 
