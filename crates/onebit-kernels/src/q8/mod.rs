@@ -56,18 +56,81 @@ fn round_even(v: f32) -> f32 {
 
 /// Quantizes one group: `d = max|v| / 127`, `q = round(v · 127 / max|v|)` (ties to
 /// even), clamped to ±127. Returns `d` and writes the codes.
+///
+/// # Panics
+/// If `values` and `codes` are not both [`GROUP`] long.
 #[inline]
 pub fn quantize_group(values: &[f32], codes: &mut [i8]) -> f32 {
-    let mut amax = 0f32;
-    for &v in values {
-        amax = amax.max(v.abs());
+    let values: &[f32; GROUP] = values.try_into().expect("q8: a group is 32 values");
+    let codes: &mut [i8; GROUP] = codes.try_into().expect("q8: a group is 32 codes");
+    quantize_codes(values, codes, None) / 127.0
+}
+
+/// A group's codes `q = round(t)`, `t = v · 127 / max|v|` (ties to even, clamped to
+/// ±127), and with `residual` the second level `q' = round(128 · (t - q))`; returns
+/// `max|v|`. NaN or infinite input saturates through `as`; nothing here can panic.
+#[inline(always)]
+fn quantize_codes(
+    values: &[f32; GROUP],
+    codes: &mut [i8; GROUP],
+    residual: Option<&mut [i8; GROUP]>,
+) -> f32 {
+    // The maximum is exact, so the lanes' order cannot change it.
+    let mut lanes = [0f32; 8];
+    for (c, &v) in values.iter().enumerate() {
+        lanes[c % 8] = lanes[c % 8].max(v.abs());
     }
+    let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
     let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    for (q, &v) in codes.iter_mut().zip(values) {
-        // NaN or infinite input saturates through `as`; nothing here can panic.
-        *q = round_even(v * inverse).clamp(-127.0, 127.0) as i8;
+    let mut coarse = [0f32; GROUP];
+    for ((q, c), &v) in codes.iter_mut().zip(coarse.iter_mut()).zip(values) {
+        *c = code_of(round_even(v * inverse));
+        *q = to_i8(*c);
     }
-    amax / 127.0
+    if let Some(residual) = residual {
+        for ((r, &c), &v) in residual.iter_mut().zip(&coarse).zip(values) {
+            *r = to_i8(code_of(round_even((v * inverse - c) * 128.0)));
+        }
+    }
+    amax
+}
+
+/// A rounded value as a code: clamped to ±127, NaN as 0 (what `v as i8` would give).
+#[inline(always)]
+fn code_of(rounded: f32) -> f32 {
+    if rounded.is_nan() {
+        0.0
+    } else {
+        rounded.clamp(-127.0, 127.0)
+    }
+}
+
+/// An integral value in ±127 (from [`code_of`]) as `i8`, by a conversion that vectorizes.
+#[inline(always)]
+fn to_i8(code: f32) -> i8 {
+    debug_assert!(code.abs() <= 127.0 && code.fract() == 0.0);
+    // SAFETY: `code_of` returns a finite value in [-127, 127], representable in i32.
+    (unsafe { code.to_int_unchecked::<i32>() }) as i8
+}
+
+/// The float sum of a group's inputs: eight lanes of four columns each (`c mod 8`, in
+/// column order), then the lanes pairwise: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline(always)]
+fn group_sum(values: &[f32; GROUP]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for chunk in values.chunks_exact(8) {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    let half: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
+    (half[0] + half[2]) + (half[1] + half[3])
+}
+
+/// The exact sum of a group's codes.
+#[inline(always)]
+fn code_sum(codes: &[i8; GROUP]) -> i32 {
+    codes.iter().map(|&c| c as i32).sum()
 }
 
 /// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
@@ -138,43 +201,71 @@ impl QuantizedRows {
         self.scales.resize(count * rows * groups, 0.0);
         self.sums.resize(count * rows * groups, 0.0);
         self.code_sums.resize(count * rows * groups, 0);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let isa = Isa::detect();
+            if isa.avx512() {
+                // SAFETY: detection found avx512f/bw/vl.
+                return unsafe { self.quantize_avx512(x, levels) };
+            }
+            if isa.avx2() {
+                // SAFETY: detection found avx2 and fma.
+                return unsafe { self.quantize_avx2(x, levels) };
+            }
+        }
+        self.quantize_body(x, levels)
+    }
+
+    /// [`QuantizedRows::quantize_body`] compiled for AVX-512: the same operations, wider.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn quantize_avx512(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels)
+    }
+
+    /// [`QuantizedRows::quantize_body`] compiled for AVX2: the same operations, wider.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels)
+    }
+
+    /// Quantizes every group of `x` into the sized buffers. Written over fixed-size
+    /// groups so the compiler vectorizes it; Rust never fuses or reorders float
+    /// operations, so every compilation gives the same bits.
+    #[inline(always)]
+    fn quantize_body(&mut self, x: &[f32], levels: Levels) {
+        let (k, count) = (self.k, levels.count());
+        let groups = k / GROUP;
         for (at, values) in x.chunks_exact(GROUP).enumerate() {
+            let values: &[f32; GROUP] = values.try_into().expect("chunks of GROUP");
             let (i, g) = (at / groups, at % groups);
             // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
             let gi = count * i * groups + g;
             let start = count * i * k + g * GROUP;
-            let mut sum = 0f32;
-            for &v in values {
-                sum += v;
-            }
-            self.sums[gi] = sum;
+            self.sums[gi] = group_sum(values);
             match levels {
                 Levels::One => {
-                    let codes = &mut self.codes[start..start + GROUP];
-                    self.scales[gi] = quantize_group(values, codes);
-                    self.code_sums[gi] = codes.iter().map(|&c| c as i32).sum();
+                    let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let amax = quantize_codes(values, codes, None);
+                    self.scales[gi] = amax / 127.0;
+                    self.code_sums[gi] = code_sum(codes);
                 }
                 Levels::Two => {
-                    let mut amax = 0f32;
-                    for &v in values {
-                        amax = amax.max(v.abs());
-                    }
-                    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
                     let (upper, lower) = self.codes[start..].split_at_mut(k);
-                    let (codes, residual) = (&mut upper[..GROUP], &mut lower[..GROUP]);
-                    for ((q, r), &v) in codes.iter_mut().zip(residual.iter_mut()).zip(values) {
-                        // NaN or infinite input saturates through `as`; nothing panics.
-                        let t = v * inverse;
-                        let coarse = round_even(t).clamp(-127.0, 127.0);
-                        *q = coarse as i8;
-                        *r = round_even((t - coarse) * 128.0).clamp(-127.0, 127.0) as i8;
-                    }
+                    let codes: &mut [i8; GROUP] =
+                        (&mut upper[..GROUP]).try_into().expect("a group");
+                    let residual: &mut [i8; GROUP] =
+                        (&mut lower[..GROUP]).try_into().expect("a group");
+                    let amax = quantize_codes(values, codes, Some(residual));
                     // A division by a power of two: exact (short of underflow).
                     self.scales[gi] = amax / 127.0 / 128.0;
                     self.scales[gi + groups] = self.scales[gi];
                     self.sums[gi + groups] = 0.0;
-                    self.code_sums[gi] = codes.iter().map(|&c| c as i32).sum();
-                    self.code_sums[gi + groups] = residual.iter().map(|&c| c as i32).sum();
+                    self.code_sums[gi] = code_sum(codes);
+                    self.code_sums[gi + groups] = code_sum(residual);
                 }
             }
         }
@@ -206,8 +297,8 @@ impl QuantizedRows {
     pub fn scale(&self, i: usize, g: usize) -> f32 {
         self.scales[i * (self.k / GROUP) + g]
     }
-    /// Float sum of level row `i`'s inputs in group `g`, in column order (the input
-    /// row's, on its first level row; 0 on a residual row).
+    /// Float sum of level row `i`'s inputs in group `g` (in the lane order of
+    /// `group_sum`; the input row's, on its first level row; 0 on a residual row).
     pub fn sum(&self, i: usize, g: usize) -> f32 {
         self.sums[i * (self.k / GROUP) + g]
     }
