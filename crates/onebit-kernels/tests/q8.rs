@@ -120,6 +120,35 @@ proptest! {
         check_q4(n_out, groups * 32, rows, seed, kind, levels);
     }
 
+    /// Quantization is one body compiled per ISA: every compilation gives the
+    /// baseline's bits (codes, scales, sums, code sums), at both levels, NaN included.
+    #[test]
+    fn quantization_is_the_same_on_every_isa(
+        groups in 1usize..20, rows in 1usize..9, seed in 0u64..1000, two in any::<bool>(),
+        nan_at in proptest::option::of(0usize..640),
+    ) {
+        let levels = if two { Levels::Two } else { Levels::One };
+        let k = groups * 32;
+        let mut x = values(rows * k, seed, 3.0);
+        if let Some(at) = nan_at.filter(|&at| at < x.len()) {
+            x[at] = f32::NAN;
+        }
+        let mut base = QuantizedRows::default();
+        base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
+        for isa in isas() {
+            let mut q = QuantizedRows::default();
+            q.quantize_levels_on(isa, &x, rows, k, levels);
+            for r in 0..q.level_rows() {
+                prop_assert_eq!(q.codes(r), base.codes(r), "{} codes of level row {}", isa.name(), r);
+                for g in 0..groups {
+                    prop_assert_eq!(q.scale(r, g).to_bits(), base.scale(r, g).to_bits());
+                    prop_assert_eq!(q.sum(r, g).to_bits(), base.sum(r, g).to_bits());
+                    prop_assert_eq!(q.code_sum(r, g), base.code_sum(r, g));
+                }
+            }
+        }
+    }
+
     #[test]
     fn int8_variants_equal_the_reference(
         n_out in 1usize..70, groups in 1usize..12, rows in 1usize..17, seed in 0u64..1000,

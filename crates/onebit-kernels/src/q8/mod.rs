@@ -190,6 +190,22 @@ impl QuantizedRows {
     /// # Panics
     /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
     pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
+        self.quantize_levels_on(Isa::detect(), x, rows, k, levels);
+    }
+
+    /// [`QuantizedRows::quantize_levels`] compiled for `isa` (the same bits on every
+    /// ISA; tests compare each compilation with the baseline's).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
+    pub fn quantize_levels_on(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        levels: Levels,
+    ) {
         assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
         assert_eq!(x.len(), rows * k, "q8: input is not rows × K");
         let count = levels.count();
@@ -203,7 +219,6 @@ impl QuantizedRows {
         self.code_sums.resize(count * rows * groups, 0);
         #[cfg(target_arch = "x86_64")]
         {
-            let isa = Isa::detect();
             if isa.avx512() {
                 // SAFETY: detection found avx512f/bw/vl.
                 return unsafe { self.quantize_avx512(x, levels) };
@@ -213,6 +228,7 @@ impl QuantizedRows {
                 return unsafe { self.quantize_avx2(x, levels) };
             }
         }
+        let _ = isa;
         self.quantize_body(x, levels)
     }
 
