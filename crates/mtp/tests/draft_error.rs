@@ -50,7 +50,7 @@ fn options(k: usize) -> RunOptions {
 
 #[test]
 fn a_failing_draft_is_an_error_naming_why() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let mut target = CpuTarget::new(&package).unwrap();
     let mut head = Failing { calls: 0 };
     let err = mtp::run(
@@ -70,7 +70,7 @@ fn a_failing_draft_is_an_error_naming_why() {
 
 #[test]
 fn run_from_a_cached_prefix_equals_a_whole_run() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let prompt = [1u32, 7, 99, 300, 42];
     let mut whole = CpuTarget::new(&package).unwrap();
     let a = mtp::run(&mut whole, None, &prompt, &options(0), &mut |_| true).unwrap();

@@ -2,10 +2,14 @@
 //! or the NPU through XRT.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
-use npu_runtime::{CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig, TargetPackage};
+use npu_runtime::{
+    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig,
+    TargetPackage,
+};
 
 use crate::error::{EngineError, Result};
 
@@ -40,16 +44,17 @@ impl Backend {
 /// A target on some backend.
 #[allow(missing_docs)] // the variants are the backends
 pub enum Target<'a> {
-    Cpu(CpuTarget<'a>),
-    Sim(NpuTarget<'a, SimDevice>, Isa),
+    Cpu(CpuTarget),
+    Sim(Box<NpuTarget<'a, SimDevice>>, Isa),
     #[cfg(feature = "xrt")]
-    Npu(NpuTarget<'a, npu_runtime::npu::XrtDevice>),
+    Npu(Box<NpuTarget<'a, npu_runtime::npu::XrtDevice>>),
 }
 
 impl<'a> Target<'a> {
-    /// Opens `package` on `backend`.
+    /// Opens `package` on `backend` (on the CPU, over a model of its own: sessions
+    /// sharing one model come from [`CpuModel::session`]).
     pub fn open(
-        package: &'a TargetPackage,
+        package: &'a Arc<TargetPackage>,
         backend: &Backend,
         kernel: Isa,
         precision: Precision,
@@ -72,14 +77,18 @@ impl<'a> Target<'a> {
         }
         match backend {
             Backend::Cpu => {
-                let mut target = CpuTarget::with_precision(package, kernel, threads, precision)?;
-                if let Some(h) = head {
-                    target.set_head(h)?;
-                }
-                Ok(Target::Cpu(target))
+                let options = CpuOptions {
+                    kernel,
+                    threads,
+                    precision,
+                    head,
+                };
+                Ok(Target::Cpu(
+                    CpuModel::load(package.clone(), options)?.session(),
+                ))
             }
             Backend::Sim => Ok(Target::Sim(
-                NpuTarget::new(package, SimDevice::new(kernel), options)?,
+                Box::new(NpuTarget::new(package, SimDevice::new(kernel), options)?),
                 kernel,
             )),
             Backend::Npu { kernels, device } => {
@@ -91,7 +100,9 @@ impl<'a> Target<'a> {
                 #[cfg(feature = "xrt")]
                 {
                     let device = npu_runtime::npu::open_npu(manifest, *device)?;
-                    Ok(Target::Npu(NpuTarget::new(package, device, options)?))
+                    Ok(Target::Npu(Box::new(NpuTarget::new(
+                        package, device, options,
+                    )?)))
                 }
                 #[cfg(not(feature = "xrt"))]
                 {
@@ -108,19 +119,28 @@ impl<'a> Target<'a> {
     fn forward_target(&self) -> &dyn Forward {
         match self {
             Target::Cpu(t) => t,
-            Target::Sim(t, _) => t,
+            Target::Sim(t, _) => t.as_ref(),
             #[cfg(feature = "xrt")]
-            Target::Npu(t) => t,
+            Target::Npu(t) => t.as_ref(),
         }
     }
 
     fn forward_target_mut(&mut self) -> &mut dyn Forward {
         match self {
             Target::Cpu(t) => t,
-            Target::Sim(t, _) => t,
+            Target::Sim(t, _) => t.as_mut(),
             #[cfg(feature = "xrt")]
-            Target::Npu(t) => t,
+            Target::Npu(t) => t.as_mut(),
         }
+    }
+
+    /// Draft hooks with this target's embedding and head: the CPU target's own shared
+    /// model, or for the NPU backends a CPU model of the package with the same head.
+    pub fn draft_hooks(&self, package: &Arc<TargetPackage>) -> Result<mtp::PackageHooks> {
+        Ok(match self {
+            Target::Cpu(t) => mtp::PackageHooks::for_model(t.model().clone()),
+            _ => mtp::PackageHooks::new(package, self.head())?,
+        })
     }
 
     /// The backend's name for reports.

@@ -57,7 +57,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use npu_runtime::kernels::Isa;
-use npu_runtime::{Forward, HeadKind, Precision, TapRows, TapSink, TargetPackage};
+use npu_runtime::{
+    CpuModel, CpuOptions, Forward, HeadKind, Precision, TapRows, TapSink, TargetPackage,
+};
 
 pub use backend::{Backend, Target};
 pub use error::{EngineError, Result};
@@ -131,7 +133,9 @@ impl EngineConfig {
     }
 }
 
-/// The loaded draft package (mapped for the life of the process, like the target).
+/// The loaded draft package. Its weights borrow the mapped package, and every session's
+/// drafter borrows the weights, so it stays mapped for the rest of the process (an
+/// engine is loaded once per process by every front end).
 struct LoadedDraft {
     model: &'static dflash_draft::DraftModel,
     weights: &'static dflash_draft::DraftWeights<'static>,
@@ -154,10 +158,20 @@ pub struct TargetInfo {
     pub weight_bytes_per_pass: usize,
 }
 
+/// What sessions share.
+enum Shared {
+    /// The CPU backend: one model (weights, repacked forms, head, thread team).
+    Cpu(Arc<CpuModel>),
+    /// The NPU backends' targets borrow the package, which therefore stays mapped for
+    /// the rest of the process.
+    Borrowed(&'static Arc<TargetPackage>),
+}
+
 /// A loaded model, shared by its sessions.
 pub struct Engine {
     config: EngineConfig,
-    package: &'static TargetPackage,
+    package: Arc<TargetPackage>,
+    shared: Shared,
     text: Option<Text>,
     draft: Option<LoadedDraft>,
     adaptive: Option<mtp::AdaptiveConfig>,
@@ -170,9 +184,7 @@ pub struct Engine {
     load_seconds: f64,
 }
 
-/// Maps a package for the rest of the process. The targets borrow their package (the
-/// NPU targets, and the CPU target until it owns a shared model), and an engine is
-/// loaded once per process by every front end, so the mapping simply stays.
+/// Keeps `value` for the rest of the process (what borrowing targets and drafters need).
 fn keep<T>(value: T) -> &'static T {
     Box::leak(Box::new(value))
 }
@@ -185,7 +197,7 @@ impl Engine {
         if config.threads == Some(0) {
             return Err(EngineError::Invalid("--threads must be at least 1".into()));
         }
-        let package = keep(TargetPackage::open(&config.model)?);
+        let package = Arc::new(TargetPackage::open(&config.model)?);
         let text = Text::open(&config.model)?;
         let draft = match &config.drafter {
             DrafterConfig::DFlash { dir } => {
@@ -208,14 +220,33 @@ impl Engine {
             Some(k) => k,
             None => Isa::detect(),
         };
-        let mut target = Target::open(
-            package,
-            &config.backend,
-            kernel,
-            config.precision,
-            config.threads,
-            config.head,
-        )?;
+        let (shared, mut target) = match config.backend {
+            Backend::Cpu => {
+                let model = CpuModel::load(
+                    package.clone(),
+                    CpuOptions {
+                        kernel,
+                        threads: config.threads,
+                        precision: config.precision,
+                        head: config.head,
+                    },
+                )?;
+                let target = Target::Cpu(model.session());
+                (Shared::Cpu(model), target)
+            }
+            _ => {
+                let package = keep(package.clone());
+                let target = Target::open(
+                    package,
+                    &config.backend,
+                    kernel,
+                    config.precision,
+                    config.threads,
+                    config.head,
+                )?;
+                (Shared::Borrowed(package), target)
+            }
+        };
         // Calibrated before any layer taps are set (the passes would write tap rows).
         let drafting = config.drafter != DrafterConfig::None;
         let (adaptive, calibration_seconds) = if drafting && !config.fixed_k && config.draft_max > 0
@@ -244,6 +275,7 @@ impl Engine {
         Ok(Arc::new(Engine {
             config: config.clone(),
             package,
+            shared,
             text,
             draft,
             adaptive,
@@ -259,10 +291,11 @@ impl Engine {
     /// A new session (its own KV cache) over this model.
     pub fn session(self: &Arc<Engine>) -> Result<Session> {
         let spare = self.spare.lock().expect("engine lock poisoned").take();
-        let mut target = match spare {
-            Some(t) => t,
-            None => Target::open(
-                self.package,
+        let mut target = match (spare, &self.shared) {
+            (Some(t), _) => t,
+            (None, Shared::Cpu(model)) => Target::Cpu(model.session()),
+            (None, Shared::Borrowed(package)) => Target::open(
+                package,
                 &self.config.backend,
                 self.kernel,
                 self.config.precision,
@@ -288,8 +321,8 @@ impl Engine {
     }
 
     /// The target package (config and mapped weights).
-    pub fn package(&self) -> &TargetPackage {
-        self.package
+    pub fn package(&self) -> &Arc<TargetPackage> {
+        &self.package
     }
 
     /// The tokenizer, when the package has one.
@@ -714,7 +747,6 @@ impl Session {
                 None
             },
         };
-        let hooks;
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
             (DrafterConfig::DFlash { .. }, true) => {
@@ -722,7 +754,7 @@ impl Session {
                     .draft
                     .as_ref()
                     .expect("a DFlash engine loads its draft");
-                hooks = mtp::PackageHooks::new(engine.package, self.target.head())?;
+                let hooks = self.target.draft_hooks(&engine.package)?;
                 Some(Box::new(mtp::DFlashHead::new(
                     d.weights,
                     Box::new(hooks),

@@ -39,12 +39,15 @@ fn generation_equals_the_loop_run_directly() {
     let done = session
         .generate(&greedy(&PROMPT, 20), &mut NullSink, &CancelFlag::new())
         .unwrap();
-    let package = npu_runtime::TargetPackage::open(fixture("tiny-qwen3")).unwrap();
-    let mut target = npu_runtime::CpuTarget::with_precision(
+    let package =
+        std::sync::Arc::new(npu_runtime::TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    let mut target = npu_runtime::CpuTarget::with_options(
         &package,
-        npu_runtime::kernels::Isa::detect(),
-        Some(1),
-        npu_runtime::Precision::auto(),
+        npu_runtime::CpuOptions {
+            threads: Some(1),
+            precision: npu_runtime::Precision::auto(),
+            ..npu_runtime::CpuOptions::default()
+        },
     )
     .unwrap();
     let options = mtp::RunOptions {

@@ -79,14 +79,14 @@ impl TargetArgs {
     }
 
     /// Opens and checks the package (for commands that drive a target directly).
-    pub fn package(&self) -> Result<npu_runtime::TargetPackage> {
-        Ok(npu_runtime::TargetPackage::open(&self.model)?)
+    pub fn package(&self) -> Result<Arc<npu_runtime::TargetPackage>> {
+        Ok(Arc::new(npu_runtime::TargetPackage::open(&self.model)?))
     }
 
     /// A target over `package` on the chosen backend with these options.
     pub fn target<'a>(
         &self,
-        package: &'a npu_runtime::TargetPackage,
+        package: &'a Arc<npu_runtime::TargetPackage>,
     ) -> Result<onebit_engine::Target<'a>> {
         let c = self.engine_config()?;
         Ok(onebit_engine::Target::open(
