@@ -700,7 +700,6 @@ impl Session {
         let start = Instant::now();
         let cached = self.reusable(ids);
         self.rewind(cached)?;
-        let last = ids.len() - 1;
         let mut completion = Completion {
             prompt_tokens: ids.len(),
             cached_tokens: cached,
@@ -711,14 +710,15 @@ impl Session {
             stats: mtp::Stats::default(),
             drafted: false,
         };
-        // Chunked prefill of all but the last prompt token (mtp runs that one).
+        // Chunked prefill: whole chunks here, the last (partial) chunk, which holds the
+        // last prompt token, in the loop's own prefill pass — one pass for a short prompt.
         let mut pos = cached;
-        while pos < last {
+        while ids.len() - pos > PREFILL_CHUNK {
             if cancel.is_cancelled() {
                 completion.timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
                 return Ok(completion);
             }
-            let end = (pos + PREFILL_CHUNK).min(last);
+            let end = pos + PREFILL_CHUNK;
             self.target.forward_last(&ids[pos..end])?;
             self.history.extend_from_slice(&ids[pos..end]);
             pos = end;
@@ -815,7 +815,7 @@ impl Session {
             &mut self.target,
             head_ref,
             ids,
-            last,
+            pos,
             &options,
             &mut on_token,
         );

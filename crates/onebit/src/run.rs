@@ -1,6 +1,6 @@
 //! `onebit run`: generate text with a target package.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -514,6 +514,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.compare {
         return side_by_side(args, None);
     }
+    if args.prompt.is_none()
+        && args.prompt_tokens.is_none()
+        && !args.json
+        && std::io::stdin().is_terminal()
+    {
+        return interactive(args);
+    }
     let engine = args
         .target
         .engine(drafter(args), args.draft_max, args.fixed_k)?;
@@ -624,4 +631,100 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `onebit run` with no prompt on a terminal: a multi-turn chat. The history is kept
+/// and the session's KV cache reused across turns (only each new turn is prefilled);
+/// Ctrl-C stops a reply (and quits at the prompt); `/exit` or end of input quits.
+fn interactive(args: &RunArgs) -> Result<()> {
+    let engine = args
+        .target
+        .engine(drafter(args), args.draft_max, args.fixed_k)?;
+    if engine.text().is_none() {
+        bail!("run: an interactive chat needs the package's tokenizer.json");
+    }
+    let mut session = engine.session()?;
+    let current: Arc<std::sync::Mutex<Option<CancelFlag>>> = Arc::default();
+    {
+        let current = current.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("run: cannot watch for Ctrl-C")?;
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                loop {
+                    if tokio::signal::ctrl_c().await.is_err() {
+                        return;
+                    }
+                    match current.lock().expect("cancel lock").as_ref() {
+                        Some(flag) => flag.cancel(),
+                        None => {
+                            eprintln!();
+                            std::process::exit(130);
+                        }
+                    }
+                }
+            })
+        });
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::new("system", system.as_str()));
+    }
+    eprintln!(
+        "onebit: chatting with {} (/exit or end of input quits; Ctrl-C stops a reply)",
+        onebit_engine::model_name(&args.target.model)
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!(">>> ");
+        let _ = std::io::stderr().flush();
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let text = line.trim();
+        if text == "/exit" || text == "/bye" {
+            return Ok(());
+        }
+        if text.is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", text));
+        let cancel = CancelFlag::new();
+        *current.lock().expect("cancel lock") = Some(cancel.clone());
+        let stdout = std::io::stdout();
+        let mut print = |e: Event<'_>| {
+            let (Event::Token { text, .. } | Event::Text(text)) = e;
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(text.as_bytes());
+            let _ = lock.flush();
+            ControlFlow::Continue(())
+        };
+        let request = request(args, Prompt::Chat(messages.clone()), DraftMode::Auto);
+        let result = session.generate(&request, &mut print, &cancel);
+        *current.lock().expect("cancel lock") = None;
+        println!();
+        match result {
+            Ok(done) => {
+                eprintln!(
+                    "[{} tokens, {:.1} tok/s | prompt {} tokens, {} reused, first token in {:.0} ms | stop: {}]",
+                    done.tokens.len(),
+                    done.decode_tokens_per_second(),
+                    done.prompt_tokens,
+                    done.cached_tokens,
+                    done.timings.prompt_ms,
+                    done.stop.name()
+                );
+                messages.push(Message::new("assistant", done.text));
+            }
+            Err(e) => {
+                eprintln!("onebit: error: {e}");
+                messages.pop();
+            }
+        }
+    }
 }

@@ -674,6 +674,8 @@ async fn run_job(
     let (tx, rx) = mpsc::channel::<Msg>(64);
     let delay = app.token_delay;
     let route = job.route;
+    // Only a stream needs the pieces: a whole answer's handler is woken once, at the end.
+    let stream = job.stream;
     let worker = {
         let app = app.clone();
         let cancel = cancel.clone();
@@ -685,7 +687,10 @@ async fn run_job(
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
-                if !text.is_empty() && tx.blocking_send(Msg::Piece(text.to_string())).is_err() {
+                if stream
+                    && !text.is_empty()
+                    && tx.blocking_send(Msg::Piece(text.to_string())).is_err()
+                {
                     return std::ops::ControlFlow::Break(());
                 }
                 if tx.is_closed() {
@@ -714,13 +719,13 @@ async fn run_job(
     drop(worker);
     let meta = Meta {
         id: format!(
-            "{}-{:x}",
+            "{}-{}",
             if job.route == Route::Chat {
                 "chatcmpl"
             } else {
                 "cmpl"
             },
-            start.elapsed().as_nanos() ^ (api::unix_now() as u128) << 20 ^ next_id()
+            next_id()
         ),
         created: api::unix_now(),
         model: app.name.clone(),
@@ -733,9 +738,18 @@ async fn run_job(
     }
 }
 
-fn next_id() -> u128 {
+/// A response id unique in this process and unlikely to repeat across restarts: the
+/// start time in nanoseconds, then a counter.
+fn next_id() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    N.fetch_add(1, Ordering::Relaxed) as u128
+    static START: OnceLock<u128> = OnceLock::new();
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    });
+    format!("{start:x}{:06x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A response's identity.
