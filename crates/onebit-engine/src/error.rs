@@ -52,6 +52,9 @@ pub enum EngineError {
     /// The draft package was refused.
     #[error(transparent)]
     Draft(#[from] dflash_draft::DraftError),
+    /// A failure of the code around the engine (a front end's worker), reported through it.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The speculative loop failed (including a failing drafter).
     #[error(transparent)]
     Run(#[from] mtp::RunError),

@@ -659,7 +659,7 @@ async fn run_job(
         .ready()
         .expect("admitted requests run on a loaded model");
     // The session holding the longest prefix of this prompt.
-    let mut session = {
+    let session = {
         let mut pool = ready.sessions.lock().expect("session pool lock poisoned");
         let ids = match &request.prompt {
             Prompt::Tokens(ids) => ids.as_slice(),
@@ -680,6 +680,7 @@ async fn run_job(
         let app = app.clone();
         let cancel = cancel.clone();
         tokio::task::spawn_blocking(move || {
+            let mut session = session;
             let mut sink = |e: Event<'_>| {
                 let text = match e {
                     Event::Token { text, .. } | Event::Text(text) => text,
@@ -698,7 +699,25 @@ async fn run_job(
                 }
                 std::ops::ControlFlow::Continue(())
             };
-            let result = session.generate(&request, &mut sink, &cancel);
+            let ready = app.ready().expect("loaded");
+            // A panic is a bug, but it must not take a slot with it: the session is then
+            // replaced by a fresh one.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                session.generate(&request, &mut sink, &cancel)
+            }));
+            let result = match run {
+                Ok(r) => r,
+                Err(_) => {
+                    session = match ready.engine.session() {
+                        Ok(fresh) => fresh,
+                        Err(e) => {
+                            app.error(&format!("onebit serve: cannot replace a session: {e}"));
+                            session
+                        }
+                    };
+                    Err(EngineError::Internal("the generation panicked".into()))
+                }
+            };
             match &result {
                 Ok(c) => log_done(&app, route, c, start),
                 Err(e) => {
@@ -706,7 +725,6 @@ async fn run_job(
                 }
             }
             // The session goes back before the slot is released.
-            let ready = app.ready().expect("loaded");
             ready
                 .sessions
                 .lock()
@@ -814,7 +832,11 @@ async fn whole_response(
         match rx.recv().await {
             Some(Msg::Piece(_)) => continue,
             Some(Msg::Done(r)) => break *r,
-            None => break Err(EngineError::Invalid("the generation thread stopped".into())),
+            None => {
+                break Err(EngineError::Internal(
+                    "the generation thread stopped".into(),
+                ))
+            }
         }
     };
     guard.disarm();
