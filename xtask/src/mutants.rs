@@ -111,8 +111,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "prefill-scores-the-first-row-not-the-last",
         file: "crates/npu-runtime/src/cpu.rs",
-        find: "self.head_in_pool(&final_hidden[(n - 1) * h..], 1)",
-        replace: "self.head_in_pool(&final_hidden[..h], 1)",
+        find: "model.head_in_pool(&final_hidden[(n - 1) * h..], 1)",
+        replace: "model.head_in_pool(&final_hidden[..h], 1)",
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
         requires: &[],
@@ -297,6 +297,15 @@ pub const MUTANTS: &[Mutant] = &[
         tests: &["-p", "onebit-kernels", "--test", "matmul", "-p", "npu-runtime", "--test", "reference"],
         also: None,
         requires: &["avx512f"],
+    },
+    Mutant {
+        name: "team-posters-share-the-job-slot",
+        file: "crates/onebit-kernels/src/team.rs",
+        find: "let _turn = self.posting.lock().unwrap_or_else(|e| e.into_inner());",
+        replace: "let _turn = ();",
+        tests: &["-p", "npu-runtime", "--test", "reference", "concurrent"],
+        also: None,
+        requires: &[],
     },
     Mutant {
         name: "truncate-keeps-one-row-too-many",

@@ -66,7 +66,7 @@ fn bench(c: &mut Criterion) {
         return;
     }
     use npu_runtime::{CpuTarget, Forward, TargetPackage};
-    let package = TargetPackage::open(&smollm2).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(&smollm2).unwrap());
     let mut target = CpuTarget::new(&package).unwrap();
     let prompt: Vec<u32> = (0..256).map(|i| (i * 7919 % 49152) as u32).collect();
     target.forward(&prompt).unwrap();

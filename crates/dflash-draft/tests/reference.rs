@@ -41,9 +41,9 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-struct TargetHooks<'t, 'a>(&'t CpuTarget<'a>);
+struct TargetHooks<'t>(&'t CpuTarget);
 
-impl DraftHooks for TargetHooks<'_, '_> {
+impl DraftHooks for TargetHooks<'_> {
     fn embed(&self, tokens: &[u32]) -> Vec<f32> {
         self.0.embed(tokens).unwrap()
     }
@@ -58,7 +58,7 @@ impl DraftHooks for TargetHooks<'_, '_> {
 
 struct Setup {
     _dirs: (tempfile::TempDir, tempfile::TempDir),
-    target: TargetPackage,
+    target: std::sync::Arc<TargetPackage>,
     draft: dflash_draft::DraftModel,
     reference: Container,
 }
@@ -74,7 +74,7 @@ fn setup() -> Setup {
     let draft_dir = tempfile::tempdir().unwrap();
     import_zlab(&fixture("dflash-ref/draft"), draft_dir.path(), None).unwrap();
     Setup {
-        target: TargetPackage::open(target_dir.path()).unwrap(),
+        target: std::sync::Arc::new(TargetPackage::open(target_dir.path()).unwrap()),
         draft: load_draft(draft_dir.path()).unwrap(),
         reference: Container::open(fixture("dflash-ref/reference.safetensors")).unwrap(),
         _dirs: (target_dir, draft_dir),

@@ -26,7 +26,7 @@ fn reference_trace_through_the_mtp_loop() {
     std::fs::write(target_dir.path().join("config.json"), config.to_string()).unwrap();
     let draft_dir = tempfile::tempdir().unwrap();
     import_zlab(&fixture("dflash-ref/draft"), draft_dir.path(), None).unwrap();
-    let package = TargetPackage::open(target_dir.path()).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(target_dir.path()).unwrap());
     let draft = load_draft(draft_dir.path()).unwrap();
     let weights = draft.weights().unwrap();
     let reference = Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();

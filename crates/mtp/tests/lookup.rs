@@ -144,7 +144,7 @@ impl Forward for Toy {
 fn lookup_greedy_text_equals_plain_on_the_tiny_fixtures() {
     let prompt = [1, 17, 300, 42, 7, 255, 3, 99, 128, 64, 5, 400, 17, 300, 42];
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let mut target = CpuTarget::new(&package).unwrap();
         let plain = run(
             &mut target,
@@ -387,7 +387,7 @@ fn lookup_sampling_gives_plain_tokens_seed_for_seed() {
             assert_eq!(out.tokens, plain.tokens, "seed {seed} adaptive {adaptive}");
         }
     }
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let prompt = [1, 17, 300, 42, 7, 255, 3, 99, 1, 17, 300];
     for seed in 0..3 {
         let plain = run(

@@ -316,7 +316,7 @@ fn upstream_checks<'p, T: Forward>(
 
 #[test]
 fn upstream_checks_on_the_real_cpu_target() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let draft_dir = tempfile::tempdir().unwrap();
     write_synthetic(draft_dir.path(), &draft_config(), 3).unwrap();
     let draft = load_draft(draft_dir.path()).unwrap();
@@ -457,7 +457,7 @@ fn upstream_checks_on_the_toy_base() {
 /// row instead of out of bounds.
 #[test]
 fn package_hooks_embed_like_the_target() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let hooks = PackageHooks::new(&package, HeadKind::Tiles).unwrap();
     let target = CpuTarget::new(&package).unwrap();
     assert_eq!(

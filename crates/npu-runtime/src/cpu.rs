@@ -2,11 +2,11 @@
 
 use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
-use crate::model::{TargetConfig, TargetPackage, TargetWeights};
+use crate::model::{HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights};
 
 /// Keys and values of committed positions, per layer and kv head
 /// (`[layer][kv_head] -> positions × head_dim`).
@@ -34,86 +34,6 @@ impl KvCache {
     }
 }
 
-/// Which weights score hidden rows into logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadKind {
-    /// The package's `lm_head.weight` q4_1 tiles (what FastFlowLM's runtime uses).
-    Tiles,
-    /// The dense BF16 embedding, for tied models: exact where the tiles are a lossy
-    /// re-quantization (3x the bytes of the tiles).
-    Embedding,
-    /// An int8 copy of the BF16 embedding (per-32-column scales, built at load), for
-    /// tied models: close to the embedding at 1.1 bytes per weight, run by the `q8`
-    /// family.
-    EmbeddingInt8,
-}
-
-impl HeadKind {
-    /// The default for a package at a precision: for a tied model whose head tiles were
-    /// re-quantized from its embedding, the embedding (its int8 copy at `q8`); the
-    /// tiles otherwise.
-    pub fn default_for(config: &TargetConfig, precision: Precision) -> HeadKind {
-        match (
-            config.tie_word_embeddings && config.lm_head_requantized,
-            precision,
-        ) {
-            (true, Precision::F32) => HeadKind::Embedding,
-            (true, _) => HeadKind::EmbeddingInt8,
-            (false, _) => HeadKind::Tiles,
-        }
-    }
-
-    /// A short name for reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            HeadKind::Tiles => "tiles",
-            HeadKind::Embedding => "embedding",
-            HeadKind::EmbeddingInt8 => "embedding-int8",
-        }
-    }
-}
-
-/// The arithmetic of the projections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 activations times q4 weights ([`kernels::matmul()`]): the exact reference the
-    /// fidelity tests use.
-    F32,
-    /// int8 activations (per row and 32-column group) times q4 weights in integer
-    /// arithmetic ([`kernels::q8`]): the fastest verify passes; batch-invariant;
-    /// measurably less precise than `F32` (README).
-    Q8,
-    /// The `q8` kernels over two int8 levels per activation (the second quantizes the
-    /// first's residual, ~15-bit activations): indistinguishable from `F32` on
-    /// perplexity, KL divergence and top-1 agreement; twice the integer work per row.
-    Q8x2,
-}
-
-impl Precision {
-    /// The default: `Q8x2`.
-    pub fn auto() -> Precision {
-        Precision::Q8x2
-    }
-
-    /// A short name for reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Q8 => "q8",
-            Precision::Q8x2 => "q8x2",
-        }
-    }
-
-    /// The int8 levels of the integer precisions (`None` at `F32`).
-    pub fn levels(self) -> Option<q8::Levels> {
-        match self {
-            Precision::F32 => None,
-            Precision::Q8 => Some(q8::Levels::One),
-            Precision::Q8x2 => Some(q8::Levels::Two),
-        }
-    }
-}
-
 /// One layer's projections repacked for the `q8` family: q, k and v stacked into one
 /// matrix, gate and up into another, so each runs as one parallel region.
 struct PackedLayer {
@@ -132,73 +52,94 @@ fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> 
     out
 }
 
-/// A target model on the CPU.
-pub struct CpuTarget<'a> {
+self_cell::self_cell!(
+    /// A package together with the checked views into its mapped file, so a model can
+    /// own both (the views borrow the mapping, which the `Arc` keeps in place).
+    struct MappedWeights {
+        owner: Arc<TargetPackage>,
+        #[covariant]
+        dependent: TargetWeights,
+    }
+);
+
+/// How a [`CpuModel`] runs: kernel, threads, precision and head.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuOptions {
+    /// The ISA the kernels use (default: the fastest this CPU has).
+    pub kernel: Isa,
+    /// Threads in the model's team (default: all cores).
+    pub threads: Option<usize>,
+    /// The projections' arithmetic (default: `F32`, the reference).
+    pub precision: Precision,
+    /// The head (default: [`HeadKind::default_for`] the package and precision).
+    pub head: Option<HeadKind>,
+}
+
+impl Default for CpuOptions {
+    fn default() -> CpuOptions {
+        CpuOptions {
+            kernel: Isa::detect(),
+            threads: None,
+            precision: Precision::F32,
+            head: None,
+        }
+    }
+}
+
+/// A target model on the CPU, shared read-only by every session over it: the checked
+/// weights (mapped, plus the forms repacked at load), the head, and the one thread team
+/// all its sessions' passes run on. Build it once with [`CpuModel::load`]; each
+/// [`CpuModel::session`] is a [`CpuTarget`] with its own KV cache.
+pub struct CpuModel {
+    mapped: MappedWeights,
     config: TargetConfig,
-    weights: TargetWeights<'a>,
     kernel: Isa,
     head: HeadKind,
     precision: Precision,
     /// The projections repacked for `q8` (empty at `f32`).
     packed: Vec<PackedLayer>,
-    /// The head's packed forms, built on first use.
-    head_tiles_q8: OnceLock<PackedQ4>,
-    head_int8: OnceLock<I8Matrix>,
-    cache: KvCache,
-    taps: Option<(Vec<usize>, TapSink)>,
-    last_hidden: Vec<f32>,
-    /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
+    /// The head's packed form for the head and precision in use, built at load.
+    head_tiles_q8: Option<PackedQ4>,
+    head_int8: Option<I8Matrix>,
     /// The thread team every pass runs on: its workers spin briefly between the ~150
-    /// parallel regions of a step instead of sleeping (`kernels::team`).
-    team: std::sync::Arc<kernels::team::Team>,
-    /// The rayon pool that repacks weights at load, so the passes' parallel loops dispatch between
-    /// worker threads that are already awake instead of waking them from the caller.
-    pool: std::sync::Arc<rayon::ThreadPool>,
+    /// parallel regions of a step instead of sleeping (`kernels::team`). Sessions on
+    /// several threads take turns on it region by region.
+    team: kernels::team::Team,
 }
 
-impl<'a> CpuTarget<'a> {
-    /// A target over a checked package, with the fastest kernel this CPU has.
-    pub fn new(package: &'a TargetPackage) -> Result<CpuTarget<'a>> {
-        Self::with_kernel(package, Isa::detect())
-    }
-
-    /// A target with an explicit kernel (tests compare kernels).
-    pub fn with_kernel(package: &'a TargetPackage, kernel: Isa) -> Result<CpuTarget<'a>> {
-        Self::with_options(package, kernel, None)
-    }
-
-    /// A target with an explicit kernel and worker-thread count (default: all cores).
-    pub fn with_options(
-        package: &'a TargetPackage,
-        kernel: Isa,
-        threads: Option<usize>,
-    ) -> Result<CpuTarget<'a>> {
-        Self::with_precision(package, kernel, threads, Precision::F32)
-    }
-
-    /// A target with an explicit kernel, worker-thread count and precision. At `Q8` the
-    /// projections are repacked once here (the same size as the tiles).
-    pub fn with_precision(
-        package: &'a TargetPackage,
-        kernel: Isa,
-        threads: Option<usize>,
-        precision: Precision,
-    ) -> Result<CpuTarget<'a>> {
+impl CpuModel {
+    /// Checks `options` against the package, repacks the projections at integer
+    /// precisions (the same size as the tiles) and builds the head's form.
+    pub fn load(package: Arc<TargetPackage>, options: CpuOptions) -> Result<Arc<CpuModel>> {
+        let config = package.config.clone();
+        let head = options
+            .head
+            .unwrap_or_else(|| HeadKind::default_for(&config, options.precision));
+        if head != HeadKind::Tiles && !config.tie_word_embeddings {
+            return Err(TargetError::Unsupported(format!(
+                "head {}: the embedding can only serve as the head of a model with tie_word_embeddings ({})",
+                head.name(),
+                package.dir.display()
+            )));
+        }
+        let start_error = |e: std::io::Error| {
+            TargetError::Unsupported(format!("cannot start worker threads: {e}"))
+        };
+        // Repacking runs once, on a pool that is dropped when loading ends.
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.unwrap_or(0))
-            .thread_name(|i| format!("onebit-cpu-{i}"))
+            .num_threads(options.threads.unwrap_or(0))
+            .thread_name(|i| format!("onebit-load-{i}"))
             .build()
             .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
         let team = kernels::team::Team::new(pool.current_num_threads(), "onebit-team")
-            .map_err(|e| TargetError::Unsupported(format!("cannot start worker threads: {e}")))?;
-        let config = package.config.clone();
-        let weights = package.weights()?;
-        let packed = match precision {
-            Precision::F32 => Vec::new(),
-            Precision::Q8 | Precision::Q8x2 => pool.install(|| {
-                weights
+            .map_err(start_error)?;
+        let mapped = MappedWeights::try_new(package, |p| p.weights())?;
+        let weights = mapped.borrow_dependent();
+        let integer = options.precision != Precision::F32;
+        let (packed, head_tiles_q8, head_int8) = pool.install(|| {
+            let packed = match integer {
+                false => Vec::new(),
+                true => weights
                     .layers
                     .iter()
                     .map(|l| PackedLayer {
@@ -207,29 +148,52 @@ impl<'a> CpuTarget<'a> {
                         gate_up: PackedQ4::stack(&[&l.gate, &l.up]),
                         down: PackedQ4::new(&l.down),
                     })
-                    .collect()
-            }),
-        };
-        let target = CpuTarget {
-            cache: KvCache::new(config.num_layers, config.num_kv_heads),
+                    .collect(),
+            };
+            let head_tiles_q8 =
+                (integer && head == HeadKind::Tiles).then(|| PackedQ4::new(&weights.lm_head));
+            let head_int8 = (head == HeadKind::EmbeddingInt8).then(|| {
+                I8Matrix::from_bf16(weights.embed.bytes, config.vocab_size, config.hidden_size)
+            });
+            (packed, head_tiles_q8, head_int8)
+        });
+        Ok(Arc::new(CpuModel {
+            mapped,
             config,
-            weights,
-            kernel,
-            head: HeadKind::default_for(&package.config, precision),
-            precision,
+            kernel: options.kernel,
+            head,
+            precision: options.precision,
             packed,
-            head_tiles_q8: OnceLock::new(),
-            head_int8: OnceLock::new(),
+            head_tiles_q8,
+            head_int8,
+            team,
+        }))
+    }
+
+    /// A new session over this model: an empty KV cache at position 0.
+    pub fn session(self: &Arc<Self>) -> CpuTarget {
+        CpuTarget {
+            cache: KvCache::new(self.config.num_layers, self.config.num_kv_heads),
+            model: self.clone(),
             taps: None,
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
-            team: std::sync::Arc::new(team),
-            pool: std::sync::Arc::new(pool),
-        };
-        // Build the head's packed form now, so the first pass is not slower.
-        target.pool.install(|| target.prepare_head());
-        Ok(target)
+        }
+    }
+
+    fn weights(&self) -> &TargetWeights<'_> {
+        self.mapped.borrow_dependent()
+    }
+
+    /// The package the model was loaded from.
+    pub fn package(&self) -> &Arc<TargetPackage> {
+        self.mapped.borrow_owner()
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &TargetConfig {
+        &self.config
     }
 
     /// The precision of the projections.
@@ -237,60 +201,17 @@ impl<'a> CpuTarget<'a> {
         self.precision
     }
 
-    fn prepare_head(&self) {
-        match (self.head, self.precision) {
-            (HeadKind::EmbeddingInt8, _) => {
-                self.int8_head();
-            }
-            (HeadKind::Tiles, Precision::Q8 | Precision::Q8x2) => {
-                self.q8_tiles_head();
-            }
-            _ => {}
-        }
-    }
-
-    /// The int8 copy of the embedding (built on first use).
-    fn int8_head(&self) -> &I8Matrix {
-        self.head_int8.get_or_init(|| {
-            I8Matrix::from_bf16(
-                self.weights.embed.bytes,
-                self.config.vocab_size,
-                self.config.hidden_size,
-            )
-        })
-    }
-
-    /// The head tiles repacked for the q8 family (built on first use).
-    fn q8_tiles_head(&self) -> &PackedQ4 {
-        self.head_tiles_q8
-            .get_or_init(|| PackedQ4::new(&self.weights.lm_head))
-    }
-
     /// The head in use.
     pub fn head(&self) -> HeadKind {
         self.head
     }
 
-    /// Chooses the head; the embedding is refused for untied models.
-    pub fn set_head(&mut self, head: HeadKind) -> Result<()> {
-        if head != HeadKind::Tiles && !self.config.tie_word_embeddings {
-            return Err(TargetError::Unsupported(
-                "the embedding can only serve as the head of a model with tie_word_embeddings"
-                    .into(),
-            ));
-        }
-        self.head = head;
-        let pool = self.pool.clone();
-        pool.install(|| self.prepare_head());
-        Ok(())
-    }
-
-    /// Worker threads of this target's pool.
+    /// Threads in the model's team.
     pub fn threads(&self) -> usize {
         self.team.threads()
     }
 
-    /// The matmul kernel in use.
+    /// The ISA the kernels use.
     pub fn kernel(&self) -> Isa {
         self.kernel
     }
@@ -304,22 +225,24 @@ impl<'a> CpuTarget<'a> {
             + tile_bytes(c.hidden_size, c.q_dim())
             + 2 * tile_bytes(c.intermediate_size, c.hidden_size)
             + tile_bytes(c.hidden_size, c.intermediate_size);
-        let head = match self.head {
-            HeadKind::Tiles => tile_bytes(c.vocab_size, c.hidden_size),
-            HeadKind::Embedding => c.vocab_size * c.hidden_size * 2,
-            HeadKind::EmbeddingInt8 => self.int8_head().byte_len(),
+        let head = match (self.head, &self.head_int8) {
+            (HeadKind::EmbeddingInt8, Some(m)) => m.byte_len(),
+            (HeadKind::Tiles, _) => tile_bytes(c.vocab_size, c.hidden_size),
+            _ => c.vocab_size * c.hidden_size * 2,
         };
         per_layer * c.num_layers + head
     }
 
-    fn ensure_rope(&mut self, positions: usize) {
-        let half = self.config.head_dim / 2;
-        let have = self.rope_cos.len() / half.max(1);
-        for p in have..positions {
-            let (c, s) = kernels::rope_table(self.config.rope_theta, self.config.head_dim, p);
-            self.rope_cos.extend(c);
-            self.rope_sin.extend(s);
-        }
+    /// Embedding rows of `tokens` (`tokens.len() × hidden`); ids beyond the vocabulary are
+    /// refused by name.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.weights().embed_rows(&self.config, tokens)
+    }
+
+    /// Logits of `n` final-normed hidden rows with the model's head, on its team: the
+    /// one head path every session and drafter uses.
+    pub fn logits(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        self.team.install(|| self.head_in_pool(hidden, n))
     }
 
     fn project(&self, w: &q4nx_format::Q4Matrix, x: &[f32], n: usize) -> Vec<f32> {
@@ -327,26 +250,119 @@ impl<'a> CpuTarget<'a> {
         matmul(w, x, n, &mut y, self.kernel);
         y
     }
+
+    /// Logits of `n` final-normed rows with the chosen head, inside the team.
+    fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
+        let quantize = || {
+            let mut x = QuantizedRows::default();
+            x.quantize_levels(hidden, n, h, levels);
+            x
+        };
+        match (&self.head_int8, &self.head_tiles_q8) {
+            (Some(int8), _) => q8::matmul_i8_levels(int8, &quantize(), levels, self.kernel),
+            (None, Some(w)) => {
+                let y = q8::matmul_q4_levels(w, &quantize(), levels, self.kernel);
+                gather(&y, n, w.stride(), 0..v)
+            }
+            (None, None) => {
+                self.weights()
+                    .head_logits(&self.config, self.head, hidden, n, self.kernel)
+            }
+        }
+    }
 }
 
-impl CpuTarget<'_> {
+/// One session over a [`CpuModel`]: the per-sequence state (KV cache, layer taps, rope
+/// tables, the last pass's hidden rows). `'static` and `Send`, so a server can move it to
+/// a worker thread; any number of sessions share one model.
+pub struct CpuTarget {
+    model: Arc<CpuModel>,
+    cache: KvCache,
+    taps: Option<(Vec<usize>, TapSink)>,
+    last_hidden: Vec<f32>,
+    /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+impl CpuTarget {
+    /// A session over a new model of `package` with default options (the fastest
+    /// kernel, all cores, `f32`).
+    pub fn new(package: &Arc<TargetPackage>) -> Result<CpuTarget> {
+        Self::with_options(package, CpuOptions::default())
+    }
+
+    /// A session over a new model of `package` with `options`.
+    pub fn with_options(package: &Arc<TargetPackage>, options: CpuOptions) -> Result<CpuTarget> {
+        Ok(CpuModel::load(package.clone(), options)?.session())
+    }
+
+    /// The shared model this session runs.
+    pub fn model(&self) -> &Arc<CpuModel> {
+        &self.model
+    }
+
+    /// The precision of the projections.
+    pub fn precision(&self) -> Precision {
+        self.model.precision
+    }
+
+    /// The head in use.
+    pub fn head(&self) -> HeadKind {
+        self.model.head
+    }
+
+    /// Threads in the model's team.
+    pub fn threads(&self) -> usize {
+        self.model.threads()
+    }
+
+    /// The matmul kernel in use.
+    pub fn kernel(&self) -> Isa {
+        self.model.kernel
+    }
+
+    /// Bytes of weights one pass reads (tiles without padding, embedding rows aside).
+    pub fn weight_bytes_per_pass(&self) -> usize {
+        self.model.weight_bytes_per_pass()
+    }
+
+    fn ensure_rope(&mut self, positions: usize) {
+        let cfg = &self.model.config;
+        let half = cfg.head_dim / 2;
+        let have = self.rope_cos.len() / half.max(1);
+        for p in have..positions {
+            let (c, s) = kernels::rope_table(cfg.rope_theta, cfg.head_dim, p);
+            self.rope_cos.extend(c);
+            self.rope_sin.extend(s);
+        }
+    }
+}
+
+impl CpuTarget {
     fn forward_in_pool(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        // The model is shared and read-only; a clone of its `Arc` lets the pass read it
+        // while the session's cache is written.
+        let model = self.model.clone();
+        let model = &*model;
         let n = tokens.len();
         let p0 = self.cache.len;
-        if p0 + n > self.config.max_positions {
+        if p0 + n > model.config.max_positions {
             return Err(TargetError::TooLong {
                 position: p0,
                 n,
-                max: self.config.max_positions,
+                max: model.config.max_positions,
             });
         }
-        let mut x = self.embed(tokens)?;
+        let mut x = model.embed(tokens)?;
         if n == 0 {
             self.last_hidden.clear();
             return Ok(Vec::new());
         }
         self.ensure_rope(p0 + n);
-        let cfg = &self.config;
+        let cfg = &model.config;
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_eps);
         let group = cfg.num_heads / cfg.num_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -359,17 +375,17 @@ impl CpuTarget<'_> {
         let mut tap_values: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
         let mut normed = vec![0f32; n * h];
         let mut quantized = QuantizedRows::default();
-        let isa = self.kernel;
+        let isa = model.kernel;
         // At q8: each projection's input rows quantized once, outputs per stacked part.
-        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
+        let levels = model.precision.levels().unwrap_or(q8::Levels::One);
         let q8_project = |w: &PackedQ4, input: &[f32], k: usize, quantized: &mut QuantizedRows| {
             quantized.quantize_levels(input, n, k, levels);
             q8::matmul_q4_levels(w, quantized, levels, isa)
         };
 
-        for (l, layer) in self.weights.layers.iter().enumerate() {
+        for (l, layer) in model.weights().layers.iter().enumerate() {
             kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed);
-            let (mut q, mut k, v) = match self.packed.get(l) {
+            let (mut q, mut k, v) = match model.packed.get(l) {
                 Some(p) => {
                     let y = q8_project(&p.qkv, &normed, h, &mut quantized);
                     let s = p.qkv.stride();
@@ -380,9 +396,9 @@ impl CpuTarget<'_> {
                     )
                 }
                 None => (
-                    self.project(&layer.q, &normed, n),
-                    self.project(&layer.k, &normed, n),
-                    self.project(&layer.v, &normed, n),
+                    model.project(&layer.q, &normed, n),
+                    model.project(&layer.k, &normed, n),
+                    model.project(&layer.v, &normed, n),
                 ),
             };
             kernels::norm_and_rope(
@@ -430,15 +446,15 @@ impl CpuTarget<'_> {
                     out,
                 );
             });
-            let o = match self.packed.get(l) {
+            let o = match model.packed.get(l) {
                 Some(p) => q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized),
-                None => self.project(&layer.o, &attn, n),
+                None => model.project(&layer.o, &attn, n),
             };
             for (xv, ov) in x.iter_mut().zip(&o) {
                 *xv += ov;
             }
             kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed);
-            let down = match self.packed.get(l) {
+            let down = match model.packed.get(l) {
                 Some(p) => {
                     let y = q8_project(&p.gate_up, &normed, h, &mut quantized);
                     let s = p.gate_up.stride();
@@ -448,10 +464,10 @@ impl CpuTarget<'_> {
                     q8_project(&p.down, &gate, cfg.intermediate_size, &mut quantized)
                 }
                 None => {
-                    let mut gate = self.project(&layer.gate, &normed, n);
-                    let up = self.project(&layer.up, &normed, n);
+                    let mut gate = model.project(&layer.gate, &normed, n);
+                    let up = model.project(&layer.up, &normed, n);
                     kernels::swiglu(&mut gate, &up);
-                    self.project(&layer.down, &gate, n)
+                    model.project(&layer.down, &gate, n)
                 }
             };
             for (xv, dv) in x.iter_mut().zip(&down) {
@@ -465,7 +481,7 @@ impl CpuTarget<'_> {
         }
         self.cache.len = p0 + n;
         let mut final_hidden = vec![0f32; n * h];
-        kernels::rms_norm(&x, &self.weights.final_norm, eps, &mut final_hidden);
+        kernels::rms_norm(&x, &model.weights().final_norm, eps, &mut final_hidden);
         for (t, &tap) in taps.iter().enumerate() {
             if tap == last {
                 tap_values[t] = final_hidden.clone();
@@ -483,42 +499,18 @@ impl CpuTarget<'_> {
             }
         }
         let logits = if all_logits {
-            self.head_in_pool(&final_hidden, n)
+            model.head_in_pool(&final_hidden, n)
         } else {
-            self.head_in_pool(&final_hidden[(n - 1) * h..], 1)
+            model.head_in_pool(&final_hidden[(n - 1) * h..], 1)
         };
         self.last_hidden = final_hidden;
         Ok(logits)
     }
-
-    /// Logits of `n` final-normed rows with the chosen head, inside the pool.
-    fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
-        let quantize = || {
-            let mut x = QuantizedRows::default();
-            x.quantize_levels(hidden, n, h, levels);
-            x
-        };
-        match (self.head, self.precision) {
-            (HeadKind::EmbeddingInt8, _) => {
-                q8::matmul_i8_levels(self.int8_head(), &quantize(), levels, self.kernel)
-            }
-            (HeadKind::Tiles, Precision::Q8 | Precision::Q8x2) => {
-                let w = self.q8_tiles_head();
-                let y = q8::matmul_q4_levels(w, &quantize(), levels, self.kernel);
-                gather(&y, n, w.stride(), 0..v)
-            }
-            (head, _) => self
-                .weights
-                .head_logits(&self.config, head, hidden, n, self.kernel),
-        }
-    }
 }
 
-impl Forward for CpuTarget<'_> {
+impl Forward for CpuTarget {
     fn config(&self) -> &TargetConfig {
-        &self.config
+        &self.model.config
     }
 
     fn position(&self) -> usize {
@@ -526,13 +518,13 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let team = self.team.clone();
-        team.install(|| self.forward_in_pool(tokens, true))
+        let model = self.model.clone();
+        model.team.install(|| self.forward_in_pool(tokens, true))
     }
 
     fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let team = self.team.clone();
-        team.install(|| self.forward_in_pool(tokens, false))
+        let model = self.model.clone();
+        model.team.install(|| self.forward_in_pool(tokens, false))
     }
 
     fn last_hidden(&self) -> &[f32] {
@@ -546,12 +538,12 @@ impl Forward for CpuTarget<'_> {
                 position: self.cache.len,
             });
         }
-        self.cache.truncate(len, self.config.head_dim);
+        self.cache.truncate(len, self.model.config.head_dim);
         Ok(())
     }
 
     fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> Result<()> {
-        crate::forward::check_taps(&self.config, layers, &sink)?;
+        crate::forward::check_taps(&self.model.config, layers, &sink)?;
         self.taps = Some((layers.to_vec(), sink));
         Ok(())
     }
@@ -561,10 +553,10 @@ impl Forward for CpuTarget<'_> {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.weights.embed_rows(&self.config, tokens)
+        self.model.embed(tokens)
     }
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.team.install(|| self.head_in_pool(hidden, n))
+        self.model.logits(hidden, n)
     }
 }

@@ -13,10 +13,13 @@
 //! text equals plain greedy text exactly.
 //!
 //! ```no_run
-//! use npu_runtime::{CpuTarget, Forward, TargetPackage};
+//! use npu_runtime::{CpuModel, CpuOptions, Forward, TargetPackage};
+//! use std::sync::Arc;
 //!
-//! let package = TargetPackage::open("target/models/smollm2")?;
-//! let mut target = CpuTarget::new(&package)?;
+//! let package = Arc::new(TargetPackage::open("target/models/smollm2")?);
+//! let model = CpuModel::load(package, CpuOptions::default())?; // shared, read-only
+//! let mut target = model.session(); // one sequence's KV cache
+//! let mut other = model.session(); // another, over the same weights and team
 //! let logits = target.forward(&[1, 9690, 28])?; // 3 rows of vocab logits
 //! target.truncate(2)?; // forget the last position
 //! # Ok::<(), npu_runtime::TargetError>(())
@@ -32,10 +35,12 @@ pub use onebit_kernels as kernels;
 mod model;
 pub mod npu;
 
-pub use cpu::{CpuTarget, HeadKind, Precision};
+pub use cpu::{CpuModel, CpuOptions, CpuTarget};
 pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
-pub use model::{Family, LayerWeights, TargetConfig, TargetPackage, TargetWeights};
+pub use model::{
+    Family, HeadKind, LayerWeights, Precision, TargetConfig, TargetPackage, TargetWeights,
+};
 
 /// Index of the largest value (the first one on ties), or 0 for an empty slice.
 pub fn argmax(values: &[f32]) -> usize {

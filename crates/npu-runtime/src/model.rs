@@ -244,7 +244,7 @@ impl TargetWeights<'_> {
     pub fn head_logits(
         &self,
         config: &TargetConfig,
-        head: crate::cpu::HeadKind,
+        head: HeadKind,
         hidden: &[f32],
         n: usize,
         kernel: crate::kernels::Isa,
@@ -252,20 +252,16 @@ impl TargetWeights<'_> {
         let (v, h) = (config.vocab_size, config.hidden_size);
         let mut y = vec![0f32; n * v];
         match head {
-            crate::cpu::HeadKind::Tiles => {
-                crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel)
-            }
-            crate::cpu::HeadKind::Embedding | crate::cpu::HeadKind::EmbeddingInt8 => {
-                crate::kernels::dense::matmul_bf16(
-                    self.embed.bytes,
-                    v,
-                    h,
-                    hidden,
-                    n,
-                    &mut y,
-                    kernel,
-                )
-            }
+            HeadKind::Tiles => crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel),
+            HeadKind::Embedding | HeadKind::EmbeddingInt8 => crate::kernels::dense::matmul_bf16(
+                self.embed.bytes,
+                v,
+                h,
+                hidden,
+                n,
+                &mut y,
+                kernel,
+            ),
         }
         y
     }
@@ -378,5 +374,85 @@ impl TargetPackage {
             lm_head,
             layers,
         })
+    }
+}
+
+/// Which weights score hidden rows into logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadKind {
+    /// The package's `lm_head.weight` q4_1 tiles (what FastFlowLM's runtime uses).
+    Tiles,
+    /// The dense BF16 embedding, for tied models: exact where the tiles are a lossy
+    /// re-quantization (3x the bytes of the tiles).
+    Embedding,
+    /// An int8 copy of the BF16 embedding (per-32-column scales, built at load), for
+    /// tied models: close to the embedding at 1.1 bytes per weight, run by the `q8`
+    /// family.
+    EmbeddingInt8,
+}
+
+impl HeadKind {
+    /// The default for a package at a precision: for a tied model whose head tiles were
+    /// re-quantized from its embedding, the embedding (its int8 copy at `q8`); the
+    /// tiles otherwise.
+    pub fn default_for(config: &TargetConfig, precision: Precision) -> HeadKind {
+        match (
+            config.tie_word_embeddings && config.lm_head_requantized,
+            precision,
+        ) {
+            (true, Precision::F32) => HeadKind::Embedding,
+            (true, _) => HeadKind::EmbeddingInt8,
+            (false, _) => HeadKind::Tiles,
+        }
+    }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadKind::Tiles => "tiles",
+            HeadKind::Embedding => "embedding",
+            HeadKind::EmbeddingInt8 => "embedding-int8",
+        }
+    }
+}
+
+/// The arithmetic of the projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 activations times q4 weights ([`crate::kernels::matmul()`]): the exact reference the
+    /// fidelity tests use.
+    F32,
+    /// int8 activations (per row and 32-column group) times q4 weights in integer
+    /// arithmetic ([`crate::kernels::q8`]): the fastest verify passes; batch-invariant;
+    /// measurably less precise than `F32` (README).
+    Q8,
+    /// The `q8` kernels over two int8 levels per activation (the second quantizes the
+    /// first's residual, ~15-bit activations): indistinguishable from `F32` on
+    /// perplexity, KL divergence and top-1 agreement; twice the integer work per row.
+    Q8x2,
+}
+
+impl Precision {
+    /// The default: `Q8x2`.
+    pub fn auto() -> Precision {
+        Precision::Q8x2
+    }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Q8 => "q8",
+            Precision::Q8x2 => "q8x2",
+        }
+    }
+
+    /// The int8 levels of the integer precisions (`None` at `F32`).
+    pub fn levels(self) -> Option<crate::kernels::q8::Levels> {
+        match self {
+            Precision::F32 => None,
+            Precision::Q8 => Some(crate::kernels::q8::Levels::One),
+            Precision::Q8x2 => Some(crate::kernels::q8::Levels::Two),
+        }
     }
 }

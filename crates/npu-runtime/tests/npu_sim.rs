@@ -34,7 +34,7 @@ fn sim_target(package: &TargetPackage, max_rows: usize) -> NpuTarget<'_, SimDevi
 #[test]
 fn plan_lists_every_kernel_of_a_pass() {
     for (dir, per_layer) in [("tiny-llama", 16), ("tiny-qwen3", 16)] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let c = &package.config;
         let mut options = PlanOptions::for_model(c);
         options.taps = vec![0, c.num_layers - 1];
@@ -83,7 +83,7 @@ fn plan_lists_every_kernel_of_a_pass() {
         }
         println!("{dir}: {}", plan.summary());
     }
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let mut options = PlanOptions::for_model(&package.config);
     options.taps = vec![9];
     assert_eq!(
@@ -103,7 +103,7 @@ fn plan_lists_every_kernel_of_a_pass() {
 #[test]
 fn weight_packing_is_bit_exact() {
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let c = &package.config;
         let weights = package.weights().unwrap();
         let mut options = PlanOptions::for_model(c);
@@ -222,7 +222,7 @@ fn sim_device_passes_the_op_by_op_comparison_bit_exact() {
 #[test]
 fn sim_forwards_equal_the_cpu_backend_bit_for_bit() {
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let vocab = package.config.vocab_size;
         let last = package.config.num_layers - 1;
         let mut rng = 11u64;
@@ -270,7 +270,7 @@ fn sim_forwards_equal_the_cpu_backend_bit_for_bit() {
 #[test]
 fn sim_verify_truncate_and_taps_behave_like_the_cpu_backend() {
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let tokens: Vec<u32> = (0..30)
             .map(|i| (i * 37 % package.config.vocab_size) as u32)
             .collect();
@@ -342,12 +342,14 @@ fn sim_verify_truncate_and_taps_behave_like_the_cpu_backend() {
 /// logits differ from the tiles').
 #[test]
 fn sim_runs_the_embedding_head_too() {
-    let package = TargetPackage::open(fixture("tiny-llama")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-llama")).unwrap());
     assert!(package.config.tie_word_embeddings, "tiny-llama is tied");
-    let mut cpu = CpuTarget::new(&package).unwrap();
-    cpu.set_head(HeadKind::Embedding).unwrap();
-    let mut tiles = CpuTarget::new(&package).unwrap();
-    tiles.set_head(HeadKind::Tiles).unwrap();
+    let with_head = |head| npu_runtime::CpuOptions {
+        head: Some(head),
+        ..Default::default()
+    };
+    let mut cpu = CpuTarget::with_options(&package, with_head(HeadKind::Embedding)).unwrap();
+    let mut tiles = CpuTarget::with_options(&package, with_head(HeadKind::Tiles)).unwrap();
     let mut options = PlanOptions::for_model(&package.config);
     options.head = HeadKind::Embedding;
     options.context = 16;
@@ -365,15 +367,21 @@ fn sim_runs_the_embedding_head_too() {
 /// The embedding head on the untied tiny-qwen3: both backends refuse it by name.
 #[test]
 fn the_embedding_head_is_refused_on_an_untied_model() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     assert!(!package.config.tie_word_embeddings, "tiny-qwen3 is untied");
     let mut options = PlanOptions::for_model(&package.config);
     options.head = HeadKind::Embedding;
     let refused = NpuTarget::new(&package, SimDevice::new(Isa::scalar()), options);
     let message = refused.err().unwrap().to_string();
     assert!(message.contains("tie_word_embeddings"), "{message}");
-    let mut cpu = CpuTarget::new(&package).unwrap();
-    let message = cpu.set_head(HeadKind::Embedding).unwrap_err().to_string();
+    let options = npu_runtime::CpuOptions {
+        head: Some(HeadKind::Embedding),
+        ..Default::default()
+    };
+    let message = CpuTarget::with_options(&package, options)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(message.contains("tie_word_embeddings"), "{message}");
 }
 
@@ -527,7 +535,7 @@ fn npu_refusals_are_named() {
         "target: npu sim: buffer raw holds bytes, not f32"
     );
 
-    let package = TargetPackage::open(fixture("tiny-llama")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-llama")).unwrap());
     let weights = package.weights().unwrap();
     let c = &package.config;
     let not_weights = spec("x", 16, Elem::F32, None);

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use npu_runtime::kernels::Isa;
-use npu_runtime::{argmax, CpuTarget, Forward, Precision, TapRows, TargetPackage};
+use npu_runtime::{argmax, CpuOptions, CpuTarget, Forward, Precision, TapRows, TargetPackage};
 use q4nx_format::Container;
 
 const TOLERANCE: f32 = 1e-3;
@@ -31,7 +31,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn check_reference(dir: &str) {
-    let package = TargetPackage::open(fixture(dir)).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
     let reference = Container::open(fixture(dir).join("reference.safetensors")).unwrap();
     let get = |name: &str| reference.tensor(name).unwrap().to_f32().unwrap();
     let tokens: Vec<u32> = reference
@@ -44,7 +44,11 @@ fn check_reference(dir: &str) {
         .collect();
     let h = package.config.hidden_size;
     for kernel in Isa::available() {
-        let mut target = CpuTarget::with_kernel(&package, kernel).unwrap();
+        let options = CpuOptions {
+            kernel,
+            ..Default::default()
+        };
+        let mut target = CpuTarget::with_options(&package, options).unwrap();
         let sink = Arc::new(Mutex::new(TapRows::new(0)));
         target.set_layer_taps(&[0, 1], sink.clone()).unwrap();
         assert!(
@@ -110,13 +114,17 @@ fn batches_equal_single_steps_bit_for_bit() {
     }
 }
 
-fn target(package: &TargetPackage, precision: Precision) -> CpuTarget<'_> {
-    CpuTarget::with_precision(package, Isa::detect(), None, precision).unwrap()
+fn target(package: &Arc<TargetPackage>, precision: Precision) -> CpuTarget {
+    let options = CpuOptions {
+        precision,
+        ..Default::default()
+    };
+    CpuTarget::with_options(package, options).unwrap()
 }
 
 fn batch_invariance_at(precision: Precision) {
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let mut rng = 7u64;
         let tokens: Vec<u32> = (0..40).map(|_| (lcg(&mut rng) % 512) as u32).collect();
         let run = |splits: &[usize]| -> (Vec<f32>, TapRows) {
@@ -179,7 +187,7 @@ fn batch_invariance_at(precision: Precision) {
 
 #[test]
 fn bad_inputs_are_refused_by_name() {
-    let package = TargetPackage::open(fixture("tiny-qwen3")).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     let mut t = CpuTarget::new(&package).unwrap();
     assert_eq!(
         t.forward(&[512]).unwrap_err().to_string(),
@@ -201,11 +209,16 @@ fn bad_inputs_are_refused_by_name() {
 #[test]
 fn q8_forward_is_the_same_on_every_isa() {
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let tokens: Vec<u32> = (0..24).map(|i| (i * 37 % 512) as u32).collect();
         for precision in [Precision::Q8, Precision::Q8x2] {
             let run = |isa: Isa| {
-                let mut t = CpuTarget::with_precision(&package, isa, None, precision).unwrap();
+                let options = CpuOptions {
+                    kernel: isa,
+                    precision,
+                    ..Default::default()
+                };
+                let mut t = CpuTarget::with_options(&package, options).unwrap();
                 t.forward(&tokens).unwrap()
             };
             let reference = run(Isa::scalar());
@@ -240,7 +253,7 @@ const Q8X2_TOLERANCE: f32 = 1e-2;
 fn close_to_transformers(precision: Precision, tolerance: f32) {
     let q8_tolerance = tolerance;
     for dir in ["tiny-llama", "tiny-qwen3"] {
-        let package = TargetPackage::open(fixture(dir)).unwrap();
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let reference = Container::open(fixture(dir).join("reference.safetensors")).unwrap();
         let get = |name: &str| reference.tensor(name).unwrap().to_f32().unwrap();
         let tokens: Vec<u32> = reference
@@ -274,5 +287,44 @@ fn close_to_transformers(precision: Precision, tolerance: f32) {
             }
             next = argmax(&t.forward(&[want as u32]).unwrap()) as u32;
         }
+    }
+}
+
+/// Sessions of one shared model, run at the same time on several threads, each give the
+/// logits a lone session gives: the model is read-only, every session's state is its own,
+/// and the shared team takes the threads' regions in turn without mixing them.
+#[test]
+fn concurrent_sessions_over_one_model_equal_a_lone_session() {
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    for precision in [Precision::F32, Precision::Q8x2] {
+        let options = CpuOptions {
+            precision,
+            ..Default::default()
+        };
+        let model = npu_runtime::CpuModel::load(package.clone(), options).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..4u32)
+            .map(|s| (0..20).map(|i| (i * 31 + s * 97) % 512).collect())
+            .collect();
+        // Prefill, then 6 single-token steps, each session on its own prompt.
+        let run = |prompt: &[u32]| {
+            let mut session = model.session();
+            let mut out = session.forward(prompt).unwrap();
+            let vocab = model.config().vocab_size;
+            for _ in 0..6 {
+                let next = argmax(&out[out.len() - vocab..]) as u32;
+                out = session.forward(&[next]).unwrap();
+            }
+            out
+        };
+        let alone: Vec<Vec<f32>> = prompts.iter().map(|p| run(p)).collect();
+        let together: Vec<Vec<f32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| run(p))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            alone == together,
+            "{}: concurrent sessions differ from lone ones",
+            precision.name()
+        );
     }
 }

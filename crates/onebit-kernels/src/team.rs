@@ -9,6 +9,10 @@
 //!
 //! Kernels call [`parallel_for`]: inside [`Team::install`] it runs on the team, elsewhere
 //! on rayon's current pool.
+//!
+//! One team serves every session of a model: threads that post regions at the same
+//! time take turns region by region (the team holds one job at a time), and a task that
+//! itself calls [`parallel_for`] runs its inner loop on its own thread.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -52,10 +56,14 @@ struct Shared {
 pub struct Team {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Held by the thread posting a job: the job slot serves one poster at a time.
+    posting: Mutex<()>,
 }
 
 thread_local! {
     static CURRENT: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+    /// Whether this thread is inside [`Team::run`] (a nested region runs here, in order).
+    static IN_RUN: Cell<bool> = const { Cell::new(false) };
 }
 
 impl Team {
@@ -81,7 +89,11 @@ impl Team {
                     .spawn(move || worker(&s))?,
             );
         }
-        Ok(Team { shared, workers })
+        Ok(Team {
+            shared,
+            workers,
+            posting: Mutex::new(()),
+        })
     }
 
     /// Threads in the team, the caller included.
@@ -110,10 +122,21 @@ impl Team {
         if count == 0 {
             return;
         }
-        if self.workers.is_empty() || count == 1 {
+        if self.workers.is_empty() || count == 1 || IN_RUN.with(|r| r.get()) {
             (0..count).for_each(task);
             return;
         }
+        // A poisoned lock only means another poster's task panicked (and it re-raised
+        // that panic itself); the job slot is consistent again once `run` returns.
+        let _turn = self.posting.lock().unwrap_or_else(|e| e.into_inner());
+        IN_RUN.with(|r| r.set(true));
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                IN_RUN.with(|r| r.set(false));
+            }
+        }
+        let _leave = Leave;
         let s = &*self.shared;
         // SAFETY (lifetime erasure): a worker dereferences the pointer only while it is
         // counted in `active` and saw `open`; this function closes the job and waits for
@@ -343,5 +366,32 @@ mod tests {
             })
         });
         assert_eq!(n.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn posters_on_several_threads_share_one_team_and_nested_regions_run_inline() {
+        let team = Team::new(2, "test").unwrap();
+        std::thread::scope(|scope| {
+            for poster in 0..3u64 {
+                let team = &team;
+                scope.spawn(move || {
+                    for round in 0..300u64 {
+                        let count = (round % 23) as usize + 2;
+                        let hits: Vec<AtomicU64> = (0..count).map(|_| AtomicU64::new(0)).collect();
+                        team.install(|| {
+                            parallel_for(count, &|i| {
+                                // A nested region: must not deadlock on the posting turn.
+                                parallel_for(2, &|_| {
+                                    hits[i].fetch_add(poster + 1, Ordering::Relaxed);
+                                });
+                            })
+                        });
+                        assert!(hits
+                            .iter()
+                            .all(|h| h.load(Ordering::Relaxed) == 2 * (poster + 1)));
+                    }
+                });
+            }
+        });
     }
 }

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
-use npu_runtime::{CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig, TargetPackage};
+use npu_runtime::{
+    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig,
+    TargetPackage,
+};
+use std::sync::Arc;
 
 /// `--backend` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -32,8 +36,8 @@ impl BackendArg {
 
 /// A target on some backend.
 pub enum Target<'a> {
-    Cpu(CpuTarget<'a>),
-    Sim(NpuTarget<'a, SimDevice>, Isa),
+    Cpu(CpuTarget),
+    Sim(Box<NpuTarget<'a, SimDevice>>, Isa),
     #[cfg(feature = "xrt")]
     Npu(NpuTarget<'a, npu_runtime::npu::XrtDevice>),
 }
@@ -47,7 +51,7 @@ pub struct NpuOptions {
 impl<'a> Target<'a> {
     /// Opens `package` on `backend`.
     pub fn open(
-        package: &'a TargetPackage,
+        package: &'a Arc<TargetPackage>,
         backend: BackendArg,
         kernel: Isa,
         precision: Precision,
@@ -68,14 +72,18 @@ impl<'a> Target<'a> {
         }
         match backend {
             BackendArg::Cpu => {
-                let mut target = CpuTarget::with_precision(package, kernel, threads, precision)?;
-                if let Some(h) = head {
-                    target.set_head(h)?;
-                }
-                Ok(Target::Cpu(target))
+                let options = CpuOptions {
+                    kernel,
+                    threads,
+                    precision,
+                    head,
+                };
+                Ok(Target::Cpu(
+                    CpuModel::load(package.clone(), options)?.session(),
+                ))
             }
             BackendArg::Sim => Ok(Target::Sim(
-                NpuTarget::new(package, SimDevice::new(kernel), options)?,
+                Box::new(NpuTarget::new(package, SimDevice::new(kernel), options)?),
                 kernel,
             )),
             BackendArg::Npu => {
@@ -100,7 +108,7 @@ impl<'a> Target<'a> {
     fn forward_target(&self) -> &dyn Forward {
         match self {
             Target::Cpu(t) => t,
-            Target::Sim(t, _) => t,
+            Target::Sim(t, _) => t.as_ref(),
             #[cfg(feature = "xrt")]
             Target::Npu(t) => t,
         }
@@ -109,7 +117,7 @@ impl<'a> Target<'a> {
     fn forward_target_mut(&mut self) -> &mut dyn Forward {
         match self {
             Target::Cpu(t) => t,
-            Target::Sim(t, _) => t,
+            Target::Sim(t, _) => t.as_mut(),
             #[cfg(feature = "xrt")]
             Target::Npu(t) => t,
         }
@@ -159,6 +167,15 @@ impl<'a> Target<'a> {
             #[cfg(feature = "xrt")]
             Target::Npu(t) => t.head(),
         }
+    }
+
+    /// Draft hooks with this target's embedding and head: the CPU target's own shared
+    /// model, or for the NPU backends a CPU model of the package with the same head.
+    pub fn draft_hooks(&self, package: &Arc<TargetPackage>) -> Result<mtp::PackageHooks> {
+        Ok(match self {
+            Target::Cpu(t) => mtp::PackageHooks::for_model(t.model().clone()),
+            _ => mtp::PackageHooks::new(package, self.head())?,
+        })
     }
 
     /// Weight bytes one pass streams.

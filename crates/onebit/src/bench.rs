@@ -293,7 +293,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             let mut target = args.target.target(&package)?;
             let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
             target.set_layer_taps(&setup.draft.config.target_layer_ids, sink.clone())?;
-            let hooks = mtp::PackageHooks::new(&package, target.head())?;
+            let hooks = target.draft_hooks(&package)?;
             let mut head = mtp::DFlashHead::new(&weights, Box::new(hooks), sink);
             let start = Instant::now();
             let out = mtp::run(

@@ -51,12 +51,12 @@ pub struct TargetArgs {
 
 impl TargetArgs {
     /// Opens and checks the package.
-    pub fn package(&self) -> Result<TargetPackage> {
-        Ok(TargetPackage::open(&self.model)?)
+    pub fn package(&self) -> Result<std::sync::Arc<TargetPackage>> {
+        Ok(std::sync::Arc::new(TargetPackage::open(&self.model)?))
     }
 
     /// A target over `package` on the chosen backend with these options.
-    pub fn target<'a>(&self, package: &'a TargetPackage) -> Result<Target<'a>> {
+    pub fn target<'a>(&self, package: &'a std::sync::Arc<TargetPackage>) -> Result<Target<'a>> {
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
@@ -528,7 +528,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut head: Option<Box<dyn mtp::DraftHead>> = match (&draft, &weights) {
         (Some(d), Some(w)) => {
             target.set_layer_taps(&d.draft.config.target_layer_ids, sink.clone())?;
-            let hooks = mtp::PackageHooks::new(&package, target.head())?;
+            let hooks = target.draft_hooks(&package)?;
             Some(Box::new(mtp::DFlashHead::new(
                 w,
                 Box::new(hooks),

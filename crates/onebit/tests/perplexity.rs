@@ -4,7 +4,6 @@
 mod common;
 use common::{fixture, json_of, onebit};
 
-use npu_runtime::kernels::Isa;
 use npu_runtime::{CpuTarget, Forward, Precision, TargetPackage};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles \
@@ -47,10 +46,14 @@ fn perplexity_and_comparison_match_a_float64_computation() {
 
     let tokenizer = tokenizers::Tokenizer::from_file(model.join("tokenizer.json")).unwrap();
     let tokens = tokenizer.encode(TEXT, false).unwrap().get_ids().to_vec();
-    let package = TargetPackage::open(&model).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(&model).unwrap());
     let vocab = package.config.vocab_size;
     let logits_at = |p: Precision, window: &[u32]| {
-        let mut t = CpuTarget::with_precision(&package, Isa::detect(), None, p).unwrap();
+        let options = npu_runtime::CpuOptions {
+            precision: p,
+            ..Default::default()
+        };
+        let mut t = CpuTarget::with_options(&package, options).unwrap();
         t.forward(window).unwrap()
     };
     let windows = tokens.len() / ctx;

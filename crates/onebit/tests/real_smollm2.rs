@@ -427,9 +427,16 @@ const EXACT_ARGS: &[&str] = &["--head", "tiles", "--precision", "f32"];
 
 /// Teacher-forced logits along the reference continuation: row `i` predicts `ids[i]`.
 /// With `--precision`, the library's equivalent option is set here too.
-fn forced_logits(package: &TargetPackage, head: HeadKind, case: &Case) -> Vec<Vec<f32>> {
-    let mut target = CpuTarget::new(package).unwrap();
-    target.set_head(head).unwrap();
+fn forced_logits(
+    package: &std::sync::Arc<TargetPackage>,
+    head: HeadKind,
+    case: &Case,
+) -> Vec<Vec<f32>> {
+    let options = npu_runtime::CpuOptions {
+        head: Some(head),
+        ..Default::default()
+    };
+    let mut target = CpuTarget::with_options(package, options).unwrap();
     let vocab = package.config.vocab_size;
     let prefill = target.forward(&case.prompt_ids).unwrap();
     let mut rows = vec![prefill[prefill.len() - vocab..].to_vec()];
@@ -473,7 +480,7 @@ const DEFAULT_MARGIN_BOUND: f32 = 0.1;
 const DEFAULT_ARGS: &[&str] = &["--head", "tiles"];
 
 /// Per step: our argmax and |our margin − the reference's| along the reference ids.
-fn margin_errors(package: &TargetPackage, case: &Case) -> Vec<(u32, f32)> {
+fn margin_errors(package: &std::sync::Arc<TargetPackage>, case: &Case) -> Vec<(u32, f32)> {
     forced_logits(package, HeadKind::Tiles, case)
         .iter()
         .zip(&case.margins)
@@ -521,7 +528,7 @@ fn real_smollm2_exact_forward_matches_the_reference_margins() {
         return;
     };
     let (_, cases) = reference();
-    let package = TargetPackage::open(&pkg).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(&pkg).unwrap());
     // With `--precision`, the library's f32 option is set in `forced_logits`.
     let mut worst = 0f32;
     for case in &cases {
@@ -560,7 +567,7 @@ fn real_smollm2_default_greedy_follows_transformers_until_a_thin_margin() {
         return;
     };
     let (_, cases) = reference();
-    let package = TargetPackage::open(&pkg).unwrap();
+    let package = std::sync::Arc::new(TargetPackage::open(&pkg).unwrap());
     for case in &cases {
         // The library at its default precision (CpuTarget::new), on the reference path.
         let shift = margin_errors(&package, case)

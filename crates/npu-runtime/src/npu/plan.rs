@@ -6,7 +6,7 @@
 //! between passes. The order and the per-layer sequence are exactly the CPU
 //! backend's, which is what lets the simulated device reproduce its bits.
 
-use crate::cpu::HeadKind;
+use crate::model::HeadKind;
 use crate::model::TargetConfig;
 
 /// Index of a buffer in [`DispatchPlan::buffers`].

@@ -3,9 +3,9 @@
 use super::device::Device;
 use super::pack;
 use super::plan::{BufferRole, DispatchPlan, PassArgs, PlanOptions};
-use crate::cpu::HeadKind;
 use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
+use crate::model::HeadKind;
 use crate::model::{TargetConfig, TargetPackage, TargetWeights};
 
 /// A target model on a device.
