@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
 use npu_runtime::{
-    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig,
+    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, KvType, Precision, TapSink, TargetConfig,
     TargetPackage,
 };
 use std::sync::Arc;
@@ -55,6 +55,7 @@ impl<'a> Target<'a> {
         backend: BackendArg,
         kernel: Isa,
         precision: Precision,
+        kv_type: KvType,
         threads: Option<usize>,
         head: Option<HeadKind>,
         npu: &NpuOptions,
@@ -63,6 +64,13 @@ impl<'a> Target<'a> {
             bail!(
                 "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
                 precision.name(),
+                backend.name()
+            );
+        }
+        if backend != BackendArg::Cpu && kv_type != KvType::F32 {
+            bail!(
+                "--kv-type {}: the {} backend keeps an f32 KV cache (the NPU plan's buffers); use --kv-type f32 or auto",
+                kv_type.name(),
                 backend.name()
             );
         }
@@ -77,6 +85,7 @@ impl<'a> Target<'a> {
                     threads,
                     precision,
                     head,
+                    kv_type,
                 };
                 Ok(Target::Cpu(
                     CpuModel::load(package.clone(), options)?.session(),
@@ -146,6 +155,14 @@ impl<'a> Target<'a> {
         match self {
             Target::Cpu(t) => t.precision(),
             _ => Precision::F32,
+        }
+    }
+
+    /// The KV cache's storage type.
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            Target::Cpu(t) => t.kv_type(),
+            _ => KvType::F32,
         }
     }
 
