@@ -49,17 +49,21 @@ pub struct NpuOptions {
 }
 
 impl<'a> Target<'a> {
-    /// Opens `package` on `backend`.
+    /// Opens `package` on `backend` with the CPU's options (the sim uses their kernel and
+    /// head; the NPU backends refuse other precisions and KV types than f32 by name).
     pub fn open(
         package: &'a Arc<TargetPackage>,
         backend: BackendArg,
-        kernel: Isa,
-        precision: Precision,
-        kv_type: KvType,
-        threads: Option<usize>,
-        head: Option<HeadKind>,
+        cpu: CpuOptions,
         npu: &NpuOptions,
     ) -> Result<Target<'a>> {
+        let CpuOptions {
+            kernel,
+            precision,
+            kv_type,
+            head,
+            ..
+        } = cpu;
         if backend != BackendArg::Cpu && precision != Precision::F32 {
             bail!(
                 "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
@@ -79,18 +83,7 @@ impl<'a> Target<'a> {
             options.head = h;
         }
         match backend {
-            BackendArg::Cpu => {
-                let options = CpuOptions {
-                    kernel,
-                    threads,
-                    precision,
-                    head,
-                    kv_type,
-                };
-                Ok(Target::Cpu(
-                    CpuModel::load(package.clone(), options)?.session(),
-                ))
-            }
+            BackendArg::Cpu => Ok(Target::Cpu(CpuModel::load(package.clone(), cpu)?.session())),
             BackendArg::Sim => Ok(Target::Sim(
                 Box::new(NpuTarget::new(package, SimDevice::new(kernel), options)?),
                 kernel,

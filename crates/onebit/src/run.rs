@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Isa;
-use npu_runtime::{Forward, HeadKind, KvType, Precision, TargetPackage};
+use npu_runtime::{CpuOptions, Forward, HeadKind, KvType, Precision, TargetPackage};
 
 use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
 use serde_json::json;
@@ -71,17 +71,15 @@ impl TargetArgs {
             device: self.device,
         };
         check_npu_options(self.backend, &npu)?;
-        Target::open(
-            package,
-            self.backend,
-            self.kernel.resolve()?,
-            self.precision.resolve(self.backend),
-            self.kv_type
-                .resolve(self.backend, self.precision.resolve(self.backend)),
-            self.threads,
-            self.head.kind(),
-            &npu,
-        )
+        let precision = self.precision.resolve(self.backend);
+        let cpu = CpuOptions {
+            kernel: self.kernel.resolve()?,
+            threads: self.threads,
+            precision,
+            head: self.head.kind(),
+            kv_type: self.kv_type.resolve(self.backend, precision),
+        };
+        Target::open(package, self.backend, cpu, &npu)
     }
 }
 
