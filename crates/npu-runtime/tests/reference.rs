@@ -397,3 +397,68 @@ fn concurrent_sessions_over_one_model_equal_a_lone_session() {
         );
     }
 }
+
+/// A chunked prefill gives the whole prompt's last logits and tap rows bit for bit at
+/// every chunk size and KV type; cancelling between chunks stops with the chunks run so
+/// far cached, and the prefill can go on from there to the same bits.
+#[test]
+fn chunked_prefill_is_exact_and_cancellable() {
+    use std::sync::atomic::AtomicBool;
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    let tokens: Vec<u32> = (0..150).map(|i| (i * 71 % 512) as u32).collect();
+    for kv_type in KvType::ALL {
+        let run = |chunk: usize| {
+            let mut t = target_kv(&package, Precision::Q8x2, kv_type);
+            let sink = Arc::new(Mutex::new(TapRows::new(0)));
+            t.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+            let logits = t.prefill(&tokens, chunk, &AtomicBool::new(false)).unwrap();
+            assert_eq!(t.position(), tokens.len());
+            let rows = sink.lock().unwrap().clone();
+            (logits, rows)
+        };
+        let mut whole = target_kv(&package, Precision::Q8x2, kv_type);
+        let sink = Arc::new(Mutex::new(TapRows::new(0)));
+        whole.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+        let want = whole.forward_last(&tokens).unwrap();
+        let want_rows = sink.lock().unwrap().clone();
+        for chunk in [1, 5, 63, 64, 100, 150, 1000] {
+            let (logits, rows) = run(chunk);
+            assert!(
+                logits == want,
+                "{} KV, chunk {chunk}: logits differ",
+                kv_type.name()
+            );
+            assert!(
+                rows == want_rows,
+                "{} KV, chunk {chunk}: taps differ",
+                kv_type.name()
+            );
+        }
+
+        // Stop before the third chunk of 40, then go on.
+        let mut t = target_kv(&package, Precision::Q8x2, kv_type);
+        let mut asked = Vec::new();
+        let err = t
+            .prefill_with(&tokens, 40, &mut |p| {
+                asked.push(p);
+                asked.len() < 3
+            })
+            .unwrap_err();
+        assert_eq!(asked, [0, 40, 80]);
+        assert_eq!(err.to_string(), "target: prefill cancelled at position 80");
+        assert_eq!(t.position(), 80);
+        let rest = t
+            .prefill(&tokens[80..], 40, &AtomicBool::new(false))
+            .unwrap();
+        assert!(
+            rest == want,
+            "{} KV: resumed prefill differs",
+            kv_type.name()
+        );
+    }
+    // A flag set before the call stops it before any work.
+    let mut t = target(&package, Precision::F32);
+    let err = t.prefill(&tokens, 16, &AtomicBool::new(true)).unwrap_err();
+    assert_eq!(err.to_string(), "target: prefill cancelled at position 0");
+    assert_eq!(t.position(), 0);
+}
