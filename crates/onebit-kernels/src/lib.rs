@@ -18,9 +18,11 @@
 //! Parallel loops run on the caller's rayon pool.
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod dense;
 pub mod elementwise;
 pub mod isa;
+pub mod kv;
 pub mod matmul;
 pub mod q8;
 pub mod team;

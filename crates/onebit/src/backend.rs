@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
 use npu_runtime::{
-    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig,
+    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, KvType, Precision, TapSink, TargetConfig,
     TargetPackage,
 };
 use std::sync::Arc;
@@ -49,20 +49,32 @@ pub struct NpuOptions {
 }
 
 impl<'a> Target<'a> {
-    /// Opens `package` on `backend`.
+    /// Opens `package` on `backend` with the CPU's options (the sim uses their kernel and
+    /// head; the NPU backends refuse other precisions and KV types than f32 by name).
     pub fn open(
         package: &'a Arc<TargetPackage>,
         backend: BackendArg,
-        kernel: Isa,
-        precision: Precision,
-        threads: Option<usize>,
-        head: Option<HeadKind>,
+        cpu: CpuOptions,
         npu: &NpuOptions,
     ) -> Result<Target<'a>> {
+        let CpuOptions {
+            kernel,
+            precision,
+            kv_type,
+            head,
+            ..
+        } = cpu;
         if backend != BackendArg::Cpu && precision != Precision::F32 {
             bail!(
                 "--precision {}: the {} backend runs the f32 family only (the q8 kernels are CPU kernels); use --precision f32 or auto",
                 precision.name(),
+                backend.name()
+            );
+        }
+        if backend != BackendArg::Cpu && kv_type != KvType::F32 {
+            bail!(
+                "--kv-type {}: the {} backend keeps an f32 KV cache (the NPU plan's buffers); use --kv-type f32 or auto",
+                kv_type.name(),
                 backend.name()
             );
         }
@@ -71,17 +83,7 @@ impl<'a> Target<'a> {
             options.head = h;
         }
         match backend {
-            BackendArg::Cpu => {
-                let options = CpuOptions {
-                    kernel,
-                    threads,
-                    precision,
-                    head,
-                };
-                Ok(Target::Cpu(
-                    CpuModel::load(package.clone(), options)?.session(),
-                ))
-            }
+            BackendArg::Cpu => Ok(Target::Cpu(CpuModel::load(package.clone(), cpu)?.session())),
             BackendArg::Sim => Ok(Target::Sim(
                 Box::new(NpuTarget::new(package, SimDevice::new(kernel), options)?),
                 kernel,
@@ -146,6 +148,14 @@ impl<'a> Target<'a> {
         match self {
             Target::Cpu(t) => t.precision(),
             _ => Precision::F32,
+        }
+    }
+
+    /// The KV cache's storage type.
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            Target::Cpu(t) => t.kv_type(),
+            _ => KvType::F32,
         }
     }
 

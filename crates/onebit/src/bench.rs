@@ -146,6 +146,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 "backend": target.backend(),
                 "kernel": target.kernel().name(),
                 "precision": target.precision().name(),
+                "kv_type": target.kv_type().name(),
                 "head": target.head().name(),
                 "read_bandwidth_gb_s": bandwidth,
                 "weight_bytes_per_token": bytes,
@@ -159,12 +160,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{}: {} backend, {} threads, {} kernel, {} precision, {} head",
+            "{}: {} backend, {} threads, {} kernel, {} precision, {} KV, {} head",
             args.target.model.display(),
             target.backend(),
             threads,
             target.kernel().name(),
             target.precision().name(),
+            target.kv_type().name(),
             target.head().name()
         );
         println!("machine read bandwidth: {bandwidth:.1} GB/s ({threads} threads)");

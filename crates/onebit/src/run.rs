@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Isa;
-use npu_runtime::{Forward, HeadKind, Precision, TargetPackage};
+use npu_runtime::{CpuOptions, Forward, HeadKind, KvType, Precision, TargetPackage};
 
 use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
 use serde_json::json;
@@ -37,6 +37,12 @@ pub struct TargetArgs {
     /// auto (q8x2 on the CPU backend; f32 on sim and npu).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
     pub precision: PrecisionArg,
+    /// Storage of the KV cache: bf16 (half the memory and traffic of f32; perplexity
+    /// within 0.5% of f32, README), q8 (int8 with a scale per position and head), f32
+    /// (exact), or auto (bf16 on the CPU backend at the integer precisions; f32 at
+    /// --precision f32, the exact reference, and on sim and npu).
+    #[arg(long, value_enum, default_value_t = KvTypeArg::Auto)]
+    pub kv_type: KvTypeArg,
     /// Where the target runs: cpu, sim (the NPU dispatch plan on a simulated device)
     /// or npu (XRT; needs a build with the `xrt` feature and --kernels).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
@@ -65,15 +71,15 @@ impl TargetArgs {
             device: self.device,
         };
         check_npu_options(self.backend, &npu)?;
-        Target::open(
-            package,
-            self.backend,
-            self.kernel.resolve()?,
-            self.precision.resolve(self.backend),
-            self.threads,
-            self.head.kind(),
-            &npu,
-        )
+        let precision = self.precision.resolve(self.backend);
+        let cpu = CpuOptions {
+            kernel: self.kernel.resolve()?,
+            threads: self.threads,
+            precision,
+            head: self.head.kind(),
+            kv_type: self.kv_type.resolve(self.backend, precision),
+        };
+        Target::open(package, self.backend, cpu, &npu)
     }
 }
 
@@ -211,6 +217,31 @@ impl PrecisionArg {
             (PrecisionArg::Q8x2, _) => Precision::Q8x2,
             (PrecisionArg::Auto, BackendArg::Cpu) => Precision::auto(),
             (PrecisionArg::Auto, _) => Precision::F32,
+        }
+    }
+}
+
+/// `--kv-type` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvTypeArg {
+    Auto,
+    F32,
+    Bf16,
+    Q8,
+}
+
+impl KvTypeArg {
+    /// The KV type on `backend` at `precision`: `auto` is `bf16` on the CPU backend at
+    /// the integer precisions and `f32` otherwise (the exact reference, and the NPU
+    /// plan's buffers); an explicit choice passes through (`Target::open` refuses what
+    /// the backend cannot store).
+    pub fn resolve(self, backend: BackendArg, precision: Precision) -> KvType {
+        match (self, backend, precision) {
+            (KvTypeArg::F32, _, _) => KvType::F32,
+            (KvTypeArg::Bf16, _, _) => KvType::Bf16,
+            (KvTypeArg::Q8, _, _) => KvType::Q8,
+            (KvTypeArg::Auto, BackendArg::Cpu, Precision::Q8 | Precision::Q8x2) => KvType::Bf16,
+            (KvTypeArg::Auto, _, _) => KvType::F32,
         }
     }
 }
@@ -596,6 +627,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "backend": target.backend(),
             "kernel": target.kernel().name(),
             "precision": target.precision().name(),
+            "kv_type": target.kv_type().name(),
             "head": target.head().name(),
             "threads": target.threads(),
         });
@@ -621,7 +653,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             println!();
         }
         eprintln!(
-            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} head]",
+            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} KV, {} head]",
             prompt.len(),
             prefill_tps,
             out.tokens.len(),
@@ -629,6 +661,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             target.threads(),
             target.kernel().name(),
             target.precision().name(),
+            target.kv_type().name(),
             target.head().name()
         );
         if speculative {

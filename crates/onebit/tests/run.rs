@@ -181,6 +181,8 @@ fn bench_reports_json() {
     let v = json_of(out);
     assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(v["read_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    // The default KV type on the CPU backend at the default (integer) precision.
+    assert_eq!(v["kv_type"], "bf16");
     let passes = v["passes"].as_array().unwrap();
     assert_eq!(
         passes
@@ -203,5 +205,35 @@ fn bench_reports_json() {
             close(p["rows_per_second"].as_f64().unwrap(), rows / (ms / 1e3)),
             "{p}"
         );
+    }
+}
+
+/// `--kv-type` picks the KV cache's storage and reports it; `auto` is f32 at
+/// `--precision f32` (the exact reference) and bf16 at the integer precisions.
+#[test]
+fn kv_type_is_chosen_and_reported() {
+    for (args, want) in [
+        (&["--kv-type", "q8"][..], "q8"),
+        (&["--kv-type", "f32"][..], "f32"),
+        (&["--precision", "f32"][..], "f32"),
+        (&["--precision", "q8"][..], "bf16"),
+    ] {
+        let out = onebit()
+            .args([
+                "run",
+                "--json",
+                "--prompt-tokens",
+                "1,2,3",
+                "--max-tokens",
+                "3",
+            ])
+            .args(args)
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"))
+            .output()
+            .unwrap();
+        let v = json_of(out);
+        assert_eq!(v["kv_type"], want, "{args:?}");
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
     }
 }
