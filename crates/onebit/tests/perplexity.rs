@@ -48,9 +48,15 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let tokens = tokenizer.encode(TEXT, false).unwrap().get_ids().to_vec();
     let package = std::sync::Arc::new(TargetPackage::open(&model).unwrap());
     let vocab = package.config.vocab_size;
+    // The CLI's `--kv-type auto`: bf16 KV at the integer precisions, f32 KV at f32.
     let logits_at = |p: Precision, window: &[u32]| {
+        let kv_type = match p {
+            Precision::F32 => npu_runtime::KvType::F32,
+            _ => npu_runtime::KvType::Bf16,
+        };
         let options = npu_runtime::CpuOptions {
             precision: p,
+            kv_type,
             ..Default::default()
         };
         let mut t = CpuTarget::with_options(&package, options).unwrap();
