@@ -1,10 +1,11 @@
 //! One SmolLM2-135M decoder layer's projections (q, k, v, o, gate, up, down) for
 //! n = 1, 2, 4, 8, 16 input rows, per family and per variant this CPU has, on 1 and 2
 //! threads. Throughput is bytes of weights read (tile payload, padding excluded).
-//! The `q8` rows include quantizing the inputs, as a pass does.
+//! The `q8` and `q8x2` rows include quantizing the inputs (at one and two int8 levels),
+//! as a pass does.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use onebit_kernels::q8::{self, PackedQ4, QuantizedRows};
+use onebit_kernels::q8::{self, Levels, PackedQ4, QuantizedRows};
 use onebit_kernels::{matmul, Isa};
 use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
 
@@ -69,22 +70,24 @@ fn bench(c: &mut Criterion) {
                     },
                 );
                 let mut quantized = QuantizedRows::default();
-                g.bench_with_input(
-                    BenchmarkId::new(format!("q8_{}", names.1), rows),
-                    &rows,
-                    |b, &rows| {
-                        b.iter(|| {
-                            pool.install(|| {
-                                for (((w, (_, k)), x), y) in
-                                    packed.iter().zip(&shapes).zip(&xs).zip(ys.iter_mut())
-                                {
-                                    quantized.quantize_from(x, rows, *k);
-                                    q8::matmul_q4(w, &quantized, y, isa);
-                                }
+                for (label, levels) in [("q8", Levels::One), ("q8x2", Levels::Two)] {
+                    g.bench_with_input(
+                        BenchmarkId::new(format!("{label}_{}", names.1), rows),
+                        &rows,
+                        |b, &rows| {
+                            b.iter(|| {
+                                pool.install(|| {
+                                    for (((w, (_, k)), x), y) in
+                                        packed.iter().zip(&shapes).zip(&xs).zip(ys.iter_mut())
+                                    {
+                                        quantized.quantize_levels(x, rows, *k, levels);
+                                        q8::matmul_q4(w, &quantized, y, isa);
+                                    }
+                                })
                             })
-                        })
-                    },
-                );
+                        },
+                    );
+                }
             }
             g.finish();
         }

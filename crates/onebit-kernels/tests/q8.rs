@@ -1,10 +1,11 @@
 //! The `q8` family: every variant this CPU has equals the scalar reference bit for bit
-//! (shapes with K not a multiple of 256, N not a multiple of 32, 1–16 rows); a batched
+//! (shapes with K not a multiple of 256, N not a multiple of 32, 1–16 rows, one and two
+//! activation levels); a batched
 //! call equals single-row calls; the reference itself equals an independent float64
 //! evaluation of the same quantized operands; stacking matrices changes nothing.
 
 use half::bf16;
-use onebit_kernels::q8::{self, reference, I8Matrix, PackedQ4, QuantizedRows};
+use onebit_kernels::q8::{self, reference, I8Matrix, Levels, PackedQ4, QuantizedRows};
 use onebit_kernels::Isa;
 use proptest::prelude::*;
 use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
@@ -36,12 +37,13 @@ fn isas() -> Vec<Isa> {
 }
 
 /// Every variant equals the reference per element, and batch rows equal single rows.
-fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind) {
+fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind, levels: Levels) {
     let tiles = encode_q4_1(&values(n_out * k, seed, 0.2), n_out, k).unwrap();
     let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, kind).unwrap();
     let packed = PackedQ4::new(&w);
     let x = values(rows * k, seed + 1, 2.0);
-    let xq = QuantizedRows::quantize(&x, rows, k);
+    let mut xq = QuantizedRows::default();
+    xq.quantize_levels(&x, rows, k, levels);
     let stride = packed.stride();
     let want: Vec<f32> = (0..rows)
         .flat_map(|i| (0..stride).map(move |r| (i, r)))
@@ -62,7 +64,8 @@ fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind) {
             );
         }
         for i in 0..rows {
-            let single = QuantizedRows::quantize(&x[i * k..(i + 1) * k], 1, k);
+            let mut single = QuantizedRows::default();
+            single.quantize_levels(&x[i * k..(i + 1) * k], 1, k, levels);
             let mut one = vec![0f32; stride];
             q8::matmul_q4(&packed, &single, &mut one, isa);
             assert_eq!(
@@ -74,7 +77,7 @@ fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind) {
     }
 }
 
-fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64) {
+fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64, levels: Levels) {
     let dense = values(n_out * k, seed, 0.3);
     let bytes: Vec<u8> = dense
         .iter()
@@ -82,7 +85,8 @@ fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64) {
         .collect();
     let w = I8Matrix::from_bf16(&bytes, n_out, k);
     let x = values(rows * k, seed + 7, 2.0);
-    let xq = QuantizedRows::quantize(&x, rows, k);
+    let mut xq = QuantizedRows::default();
+    xq.quantize_levels(&x, rows, k, levels);
     let want: Vec<f32> = (0..rows)
         .flat_map(|i| (0..n_out).map(move |r| (i, r)))
         .map(|(i, r)| reference::dot_i8(&w, r, &xq, i))
@@ -108,26 +112,60 @@ proptest! {
     #[test]
     fn q4_variants_equal_the_reference(
         blocks in 1usize..4, tail in 0usize..32, groups in 1usize..20, rows in 1usize..17,
-        seed in 0u64..1000, q4_0 in any::<bool>(),
+        seed in 0u64..1000, q4_0 in any::<bool>(), two in any::<bool>(),
     ) {
         let n_out = (blocks - 1) * 32 + tail.max(1);
         let kind = if q4_0 { Q4Kind::Q4_0 } else { Q4Kind::Q4_1 };
-        check_q4(n_out, groups * 32, rows, seed, kind);
+        let levels = if two { Levels::Two } else { Levels::One };
+        check_q4(n_out, groups * 32, rows, seed, kind, levels);
+    }
+
+    /// Quantization is one body compiled per ISA: every compilation gives the
+    /// baseline's bits (codes, scales, sums, code sums), at both levels, NaN included.
+    #[test]
+    fn quantization_is_the_same_on_every_isa(
+        groups in 1usize..20, rows in 1usize..9, seed in 0u64..1000, two in any::<bool>(),
+        nan_at in proptest::option::of(0usize..640),
+    ) {
+        let levels = if two { Levels::Two } else { Levels::One };
+        let k = groups * 32;
+        let mut x = values(rows * k, seed, 3.0);
+        if let Some(at) = nan_at.filter(|&at| at < x.len()) {
+            x[at] = f32::NAN;
+        }
+        let mut base = QuantizedRows::default();
+        base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
+        for isa in isas() {
+            let mut q = QuantizedRows::default();
+            q.quantize_levels_on(isa, &x, rows, k, levels);
+            for r in 0..q.level_rows() {
+                prop_assert_eq!(q.codes(r), base.codes(r), "{} codes of level row {}", isa.name(), r);
+                for g in 0..groups {
+                    prop_assert_eq!(q.scale(r, g).to_bits(), base.scale(r, g).to_bits());
+                    prop_assert_eq!(q.sum(r, g).to_bits(), base.sum(r, g).to_bits());
+                    prop_assert_eq!(q.code_sum(r, g), base.code_sum(r, g));
+                }
+            }
+        }
     }
 
     #[test]
     fn int8_variants_equal_the_reference(
         n_out in 1usize..70, groups in 1usize..12, rows in 1usize..17, seed in 0u64..1000,
+        two in any::<bool>(),
     ) {
-        check_i8(n_out, groups * 32, rows, seed);
+        let levels = if two { Levels::Two } else { Levels::One };
+        check_i8(n_out, groups * 32, rows, seed, levels);
     }
 }
 
 #[test]
 fn smollm2_shapes() {
-    check_q4(576, 576, 8, 1, Q4Kind::Q4_1);
-    check_q4(576, 1536, 3, 2, Q4Kind::Q4_1);
-    check_i8(100, 576, 9, 3);
+    for levels in [Levels::One, Levels::Two] {
+        check_q4(576, 576, 8, 1, Q4Kind::Q4_1, levels);
+        check_q4(576, 1536, 3, 2, Q4Kind::Q4_1, levels);
+        check_i8(100, 576, 9, 3, levels);
+    }
 }
 
 /// The reference against an independent float64 evaluation of the same operands:
@@ -283,12 +321,12 @@ fn q8_error_against_f32_is_within_the_rounding_bound() {
     eprintln!("worst error / rounding bound: {worst:.3}");
 }
 
-/// Two levels: each output is the reference of the first level plus the reference of
-/// the residual level (one f32 addition), on every variant; a batch equals single rows;
-/// and the error against the f32 family shrinks below 1/100 of the one-level bound.
+/// Two levels: every variant equals the reference (which folds the levels' exact sums
+/// before its one float sequence); a batch equals single rows; and the error against
+/// the f32 family shrinks below 1/100 of the one-level bound (the two-level bound is
+/// 1/128 of it).
 #[test]
 fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
-    use q8::Levels;
     let (n_out, k, rows) = (96, 576, 5);
     let tiles = encode_q4_1(&values(n_out * k, 31, 0.2), n_out, k).unwrap();
     let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, Q4Kind::Q4_1).unwrap();
@@ -297,7 +335,7 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
     let x = values(rows * k, 32, 2.0);
     let mut xq = QuantizedRows::default();
     xq.quantize_levels(&x, rows, k, Levels::Two);
-    assert_eq!(xq.rows(), 2 * rows);
+    assert_eq!((xq.rows(), xq.level_rows()), (rows, 2 * rows));
     let stride = packed.stride();
     let mut exact = vec![0f32; rows * n_out];
     onebit_kernels::matmul(&w, &x, rows, &mut exact, Isa::scalar());
@@ -314,8 +352,7 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
                 "batch invariance, row {i}"
             );
             for r in 0..n_out {
-                let want = reference::dot_q4(&packed, r, &xq, i)
-                    + reference::dot_q4(&packed, r, &xq, rows + i);
+                let want = reference::dot_q4(&packed, r, &xq, i);
                 assert_eq!(
                     y[i * stride + r].to_bits(),
                     want.to_bits(),
@@ -324,7 +361,8 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
                 );
                 let mut bound = 0f32;
                 for c in 0..k {
-                    bound += dense[r * k + c].abs() * xq.scale(i, c / 32) * 0.5;
+                    // The first level's dx is 128 times the stored two-level scale.
+                    bound += dense[r * k + c].abs() * xq.scale(2 * i, c / 32) * 128.0 * 0.5;
                 }
                 let err = (y[i * stride + r] - exact[i * n_out + r]).abs();
                 assert!(
@@ -344,8 +382,7 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
         let y = q8::matmul_i8_levels(&head, &xq, Levels::Two, isa);
         for i in 0..rows {
             for r in 0..40 {
-                let want = reference::dot_i8(&head, r, &xq, i)
-                    + reference::dot_i8(&head, r, &xq, rows + i);
+                let want = reference::dot_i8(&head, r, &xq, i);
                 assert_eq!(y[i * 40 + r].to_bits(), want.to_bits());
             }
         }

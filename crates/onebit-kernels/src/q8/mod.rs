@@ -11,6 +11,9 @@
 //!     y     = y + fma(m[r][g], sx[i][g], scale · isum)   (q4 weights)
 //!     y     = fma(scale, isum, y)                        (int8 head weights)
 //! ```
+//! At two levels ([`Levels::Two`]) an input is `(dx/128) · (128·q + q')`, `q'` the
+//! residual's code: `isum = 128 · Σ code·q + Σ code·q'` (still exact), with `dx/128` as
+//! the row's scale, so the float sequence above runs once per element at either level.
 //! The integer sum is exact, so the order in which a SIMD variant adds its products does
 //! not matter; every variant then performs exactly the float sequence above per element,
 //! which makes every variant equal the reference bit for bit. Quantization is per input
@@ -53,31 +56,112 @@ fn round_even(v: f32) -> f32 {
 
 /// Quantizes one group: `d = max|v| / 127`, `q = round(v · 127 / max|v|)` (ties to
 /// even), clamped to ±127. Returns `d` and writes the codes.
+///
+/// # Panics
+/// If `values` and `codes` are not both [`GROUP`] long.
 #[inline]
 pub fn quantize_group(values: &[f32], codes: &mut [i8]) -> f32 {
-    let mut amax = 0f32;
-    for &v in values {
-        amax = amax.max(v.abs());
+    let values: &[f32; GROUP] = values.try_into().expect("q8: a group is 32 values");
+    let codes: &mut [i8; GROUP] = codes.try_into().expect("q8: a group is 32 codes");
+    quantize_codes(values, codes, None) / 127.0
+}
+
+/// A group's codes `q = round(t)`, `t = v · 127 / max|v|` (ties to even, clamped to
+/// ±127), and with `residual` the second level `q' = round(128 · (t - q))`; returns
+/// `max|v|`. NaN or infinite input saturates through `as`; nothing here can panic.
+#[inline(always)]
+fn quantize_codes(
+    values: &[f32; GROUP],
+    codes: &mut [i8; GROUP],
+    residual: Option<&mut [i8; GROUP]>,
+) -> f32 {
+    // The maximum is exact, so the lanes' order cannot change it.
+    let mut lanes = [0f32; 8];
+    for (c, &v) in values.iter().enumerate() {
+        lanes[c % 8] = lanes[c % 8].max(v.abs());
     }
+    let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
     let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    for (q, &v) in codes.iter_mut().zip(values) {
-        // NaN or infinite input saturates through `as`; nothing here can panic.
-        *q = round_even(v * inverse).clamp(-127.0, 127.0) as i8;
+    let mut coarse = [0f32; GROUP];
+    for ((q, c), &v) in codes.iter_mut().zip(coarse.iter_mut()).zip(values) {
+        *c = code_of(round_even(v * inverse));
+        *q = to_i8(*c);
     }
-    amax / 127.0
+    if let Some(residual) = residual {
+        for ((r, &c), &v) in residual.iter_mut().zip(&coarse).zip(values) {
+            *r = to_i8(code_of(round_even((v * inverse - c) * 128.0)));
+        }
+    }
+    amax
+}
+
+/// A rounded value as a code: clamped to ±127, NaN as 0 (what `v as i8` would give).
+#[inline(always)]
+fn code_of(rounded: f32) -> f32 {
+    if rounded.is_nan() {
+        0.0
+    } else {
+        rounded.clamp(-127.0, 127.0)
+    }
+}
+
+/// An integral value in ±127 (from [`code_of`]) as `i8`, by a conversion that vectorizes.
+#[inline(always)]
+fn to_i8(code: f32) -> i8 {
+    debug_assert!(code.abs() <= 127.0 && code.fract() == 0.0);
+    // SAFETY: `code_of` returns a finite value in [-127, 127], representable in i32.
+    (unsafe { code.to_int_unchecked::<i32>() }) as i8
+}
+
+/// The float sum of a group's inputs: eight lanes of four columns each (`c mod 8`, in
+/// column order), then the lanes pairwise: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline(always)]
+fn group_sum(values: &[f32; GROUP]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for chunk in values.chunks_exact(8) {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    let half: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
+    (half[0] + half[2]) + (half[1] + half[3])
+}
+
+/// The exact sum of a group's codes.
+#[inline(always)]
+fn code_sum(codes: &[i8; GROUP]) -> i32 {
+    codes.iter().map(|&c| c as i32).sum()
 }
 
 /// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
 /// the scale `dx`, the float sum of the group's inputs `sx` (for the q4 mins) and the
 /// sum of its codes (for the int8 head's unsigned-operand correction).
-#[derive(Clone, Debug, Default)]
+///
+/// Each input row is [`Levels::count`] *level rows* of codes, stored next to each other
+/// (input row `i` is level rows `L·i .. L·i + L`); the accessors index level rows.
+#[derive(Clone, Debug)]
 pub struct QuantizedRows {
+    levels: Levels,
     rows: usize,
     k: usize,
     codes: Vec<i8>,
     scales: Vec<f32>,
     sums: Vec<f32>,
     code_sums: Vec<i32>,
+}
+
+impl Default for QuantizedRows {
+    fn default() -> QuantizedRows {
+        QuantizedRows {
+            levels: Levels::One,
+            rows: 0,
+            k: 0,
+            codes: Vec::new(),
+            scales: Vec::new(),
+            sums: Vec::new(),
+            code_sums: Vec::new(),
+        }
+    }
 }
 
 impl QuantizedRows {
@@ -93,79 +177,144 @@ impl QuantizedRows {
 
     /// [`QuantizedRows::quantize`] into this value's buffers (no allocation once grown).
     pub fn quantize_from(&mut self, x: &[f32], rows: usize, k: usize) {
+        self.quantize_levels(x, rows, k, Levels::One);
+    }
+
+    /// Quantizes `rows` rows of `k` values at `levels` int8 levels, into this value's
+    /// buffers (no allocation once grown). Per group, `t = v · 127 / max|v|` and
+    /// `q = round(t)` (ties to even) as in [`quantize_group`]; at [`Levels::Two`] the
+    /// residual code is `q' = round(128 · (t - q))` (|q'| ≤ 64) and the scale is
+    /// `dx / 128`, so `(dx/128)·(128·q + q')` carries each input to within `dx / 256`
+    /// (about 15 bits). Either way a row's codes depend on that row alone.
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
+    pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
+        self.quantize_levels_on(Isa::detect(), x, rows, k, levels);
+    }
+
+    /// [`QuantizedRows::quantize_levels`] compiled for `isa` (the same bits on every
+    /// ISA; tests compare each compilation with the baseline's).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x.len() != rows * k`.
+    pub fn quantize_levels_on(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        levels: Levels,
+    ) {
         assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
         assert_eq!(x.len(), rows * k, "q8: input is not rows × K");
+        let count = levels.count();
+        let groups = k / GROUP;
+        self.levels = levels;
         self.k = k;
-        self.resize(rows);
-        self.quantize_rows(x, 0, true);
-    }
-
-    /// Sizes the buffers for `rows` rows of the current K.
-    fn resize(&mut self, rows: usize) {
-        let groups = self.k / GROUP;
         self.rows = rows;
-        self.codes.resize(rows * self.k, 0);
-        self.scales.resize(rows * groups, 0.0);
-        self.sums.resize(rows * groups, 0.0);
-        self.code_sums.resize(rows * groups, 0);
-    }
-
-    /// Quantizes the rows of `x` into rows `first ..` (buffers already sized); the
-    /// float sums are the inputs' (`float_sums`) or zero.
-    fn quantize_rows(&mut self, x: &[f32], first: usize, float_sums: bool) {
-        let g0 = first * (self.k / GROUP);
-        for (g, (values, codes)) in x
-            .chunks_exact(GROUP)
-            .zip(self.codes[first * self.k..].chunks_exact_mut(GROUP))
-            .enumerate()
+        self.codes.resize(count * rows * k, 0);
+        self.scales.resize(count * rows * groups, 0.0);
+        self.sums.resize(count * rows * groups, 0.0);
+        self.code_sums.resize(count * rows * groups, 0);
+        #[cfg(target_arch = "x86_64")]
         {
-            self.scales[g0 + g] = quantize_group(values, codes);
-            let mut s = 0f32;
-            for &v in values {
-                s += v;
+            if isa.avx512() {
+                // SAFETY: detection found avx512f/bw/vl.
+                return unsafe { self.quantize_avx512(x, levels) };
             }
-            self.sums[g0 + g] = if float_sums { s } else { 0.0 };
-            self.code_sums[g0 + g] = codes.iter().map(|&c| c as i32).sum();
+            if isa.avx2() {
+                // SAFETY: detection found avx2 and fma.
+                return unsafe { self.quantize_avx2(x, levels) };
+            }
+        }
+        let _ = isa;
+        self.quantize_body(x, levels)
+    }
+
+    /// [`QuantizedRows::quantize_body`] compiled for AVX-512: the same operations, wider.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn quantize_avx512(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels)
+    }
+
+    /// [`QuantizedRows::quantize_body`] compiled for AVX2: the same operations, wider.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels)
+    }
+
+    /// Quantizes every group of `x` into the sized buffers. Written over fixed-size
+    /// groups so the compiler vectorizes it; Rust never fuses or reorders float
+    /// operations, so every compilation gives the same bits.
+    #[inline(always)]
+    fn quantize_body(&mut self, x: &[f32], levels: Levels) {
+        let (k, count) = (self.k, levels.count());
+        let groups = k / GROUP;
+        for (at, values) in x.chunks_exact(GROUP).enumerate() {
+            let values: &[f32; GROUP] = values.try_into().expect("chunks of GROUP");
+            let (i, g) = (at / groups, at % groups);
+            // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
+            let gi = count * i * groups + g;
+            let start = count * i * k + g * GROUP;
+            self.sums[gi] = group_sum(values);
+            match levels {
+                Levels::One => {
+                    let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let amax = quantize_codes(values, codes, None);
+                    self.scales[gi] = amax / 127.0;
+                    self.code_sums[gi] = code_sum(codes);
+                }
+                Levels::Two => {
+                    let (upper, lower) = self.codes[start..].split_at_mut(k);
+                    let codes: &mut [i8; GROUP] =
+                        (&mut upper[..GROUP]).try_into().expect("a group");
+                    let residual: &mut [i8; GROUP] =
+                        (&mut lower[..GROUP]).try_into().expect("a group");
+                    let amax = quantize_codes(values, codes, Some(residual));
+                    // A division by a power of two: exact (short of underflow).
+                    self.scales[gi] = amax / 127.0 / 128.0;
+                    self.scales[gi + groups] = self.scales[gi];
+                    self.sums[gi + groups] = 0.0;
+                    self.code_sums[gi] = code_sum(codes);
+                    self.code_sums[gi + groups] = code_sum(residual);
+                }
+            }
         }
     }
 
-    /// Quantizes `rows` rows at `levels` int8 levels. [`Levels::Two`] adds rows
-    /// `rows..2·rows`: the residual `x - dx·q` of each row, quantized the same way but
-    /// with float sums of zero (so a q4 matmul adds the mins' term once). The two
-    /// levels together carry each input to within `dx / 508` (about 15 bits), and
-    /// still depend on that row alone.
-    pub fn quantize_levels(&mut self, x: &[f32], rows: usize, k: usize, levels: Levels) {
-        self.quantize_from(x, rows, k);
-        if levels == Levels::One {
-            return;
-        }
-        let mut residual = Vec::with_capacity(rows * k);
-        for (g, values) in x.chunks_exact(GROUP).enumerate() {
-            let d = self.scales[g];
-            let codes = &self.codes[g * GROUP..(g + 1) * GROUP];
-            residual.extend(values.iter().zip(codes).map(|(&v, &q)| v - d * q as f32));
-        }
-        self.resize(2 * rows);
-        self.quantize_rows(&residual, rows, false);
+    /// The levels each input row carries.
+    pub fn levels(&self) -> Levels {
+        self.levels
     }
 
-    /// Input rows.
+    /// Input rows (each [`QuantizedRows::levels`] level rows).
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Level rows: input rows times levels.
+    pub fn level_rows(&self) -> usize {
+        self.rows * self.levels.count()
     }
     /// Columns per row.
     pub fn cols(&self) -> usize {
         self.k
     }
-    /// Codes of row `i`.
+    /// Codes of level row `i`.
     pub fn codes(&self, i: usize) -> &[i8] {
         &self.codes[i * self.k..(i + 1) * self.k]
     }
-    /// Scale `dx` of row `i`, group `g`.
+    /// Scale of level row `i`, group `g` (`dx`; `dx / 128` at two levels).
     pub fn scale(&self, i: usize, g: usize) -> f32 {
         self.scales[i * (self.k / GROUP) + g]
     }
-    /// Float sum of row `i`'s inputs in group `g`, in column order.
+    /// Float sum of level row `i`'s inputs in group `g` (in the lane order of
+    /// `group_sum`; the input row's, on its first level row; 0 on a residual row).
     pub fn sum(&self, i: usize, g: usize) -> f32 {
         self.sums[i * (self.k / GROUP) + g]
     }
@@ -173,7 +322,7 @@ impl QuantizedRows {
     pub(crate) fn raw(&self) -> (&[i8], &[f32], &[f32], &[i32]) {
         (&self.codes, &self.scales, &self.sums, &self.code_sums)
     }
-    /// Sum of row `i`'s codes in group `g`.
+    /// Sum of level row `i`'s codes in group `g`.
     pub fn code_sum(&self, i: usize, g: usize) -> i32 {
         self.code_sums[i * (self.k / GROUP) + g]
     }
@@ -199,32 +348,26 @@ impl Levels {
     }
 }
 
-/// Adds the second level's outputs (the last `len` values) into the first's, in place,
-/// and drops them: `y = y_first + y_second`, one f32 addition per element.
-fn fold_levels(y: &mut Vec<f32>, len: usize, levels: Levels) {
-    if levels == Levels::Two {
-        let (first, second) = y.split_at_mut(len);
-        for (a, &b) in first.iter_mut().zip(second.iter()) {
-            *a += b;
-        }
-        y.truncate(len);
-    }
-}
-
-/// [`matmul_q4`] over rows quantized at `levels` ([`QuantizedRows::quantize_levels`]):
-/// returns `(x.rows() / levels) × w.stride()` values, each the sum of its levels' outputs.
+/// [`matmul_q4`] into a new `x.rows() × w.stride()` vector, for rows quantized at
+/// `levels` ([`QuantizedRows::quantize_levels`]).
+///
+/// # Panics
+/// If `x` was quantized at other levels (or as [`matmul_q4`]).
 pub fn matmul_q4_levels(w: &PackedQ4, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    assert_eq!(x.levels(), levels, "q8: rows quantized at other levels");
     let mut y = vec![0f32; x.rows() * w.stride()];
     matmul_q4(w, x, &mut y, isa);
-    fold_levels(&mut y, x.rows() / levels.count() * w.stride(), levels);
     y
 }
 
-/// [`matmul_i8`] over rows quantized at `levels`: `(x.rows() / levels) × w.rows()` values.
+/// [`matmul_i8`] into a new `x.rows() × w.rows()` vector, for rows quantized at `levels`.
+///
+/// # Panics
+/// If `x` was quantized at other levels (or as [`matmul_i8`]).
 pub fn matmul_i8_levels(w: &I8Matrix, x: &QuantizedRows, levels: Levels, isa: Isa) -> Vec<f32> {
+    assert_eq!(x.levels(), levels, "q8: rows quantized at other levels");
     let mut y = vec![0f32; x.rows() * w.rows()];
     matmul_i8(w, x, &mut y, isa);
-    fold_levels(&mut y, x.rows() / levels.count() * w.rows(), levels);
     y
 }
 

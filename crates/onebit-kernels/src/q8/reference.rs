@@ -13,21 +13,34 @@ fn q4_code(w: &PackedQ4, b: usize, r: usize, g: usize, c: usize) -> i32 {
     (if high { byte >> 4 } else { byte & 0x0f }) as i32
 }
 
+/// The exact integer sum of group `g` for input row `i` over its levels:
+/// `Σ_l 128^(L-1-l) · Σ_c weight(c) · code[L·i + l][c]`.
+fn level_sum(x: &QuantizedRows, i: usize, g: usize, weight: impl Fn(usize) -> i32) -> i32 {
+    let count = x.levels().count();
+    let mut isum = 0i32;
+    for level in 0..count {
+        let codes = &x.codes(count * i + level)[g * GROUP..(g + 1) * GROUP];
+        let mut part = 0i32;
+        for (c, &q) in codes.iter().enumerate() {
+            part += weight(c) * q as i32;
+        }
+        isum = isum * 128 + part;
+    }
+    isum
+}
+
 /// Output of stacked row `r` (block `r / 32`) for input row `i`.
 pub fn dot_q4(w: &PackedQ4, r: usize, x: &QuantizedRows, i: usize) -> f32 {
     let (b, rr) = (r / BLOCK_ROWS, r % BLOCK_ROWS);
-    let codes = x.codes(i);
+    let first = x.levels().count() * i;
     let mut y = 0f32;
     for g in 0..w.cols() / GROUP {
-        let mut isum = 0i32;
-        for c in 0..GROUP {
-            isum += q4_code(w, b, rr, g, c) * codes[g * GROUP + c] as i32;
-        }
+        let isum = level_sum(x, i, g, |c| q4_code(w, b, rr, g, c));
         let bytes = w.group_bytes(b, g);
         let d = bf16_at(bytes, 512 + 2 * rr);
         let m = bf16_at(bytes, 576 + 2 * rr);
-        let scale = d * x.scale(i, g);
-        y += m.mul_add(x.sum(i, g), scale * isum as f32);
+        let scale = d * x.scale(first, g);
+        y += m.mul_add(x.sum(first, g), scale * isum as f32);
     }
     y
 }
@@ -35,17 +48,15 @@ pub fn dot_q4(w: &PackedQ4, r: usize, x: &QuantizedRows, i: usize) -> f32 {
 /// Output of row `r` of the int8 matrix for input row `i`.
 pub fn dot_i8(w: &I8Matrix, r: usize, x: &QuantizedRows, i: usize) -> f32 {
     let (b, j) = (r / I8_BLOCK_ROWS, r % I8_BLOCK_ROWS);
-    let codes = x.codes(i);
+    let first = x.levels().count() * i;
     let mut y = 0f32;
     for g in 0..w.cols() / GROUP {
         let bytes = w.group_bytes(b, g);
-        let mut isum = 0i32;
-        for c in 0..GROUP {
-            let wq = bytes[(c / 4) * 64 + 4 * j + c % 4] as i8;
-            isum += wq as i32 * codes[g * GROUP + c] as i32;
-        }
+        let isum = level_sum(x, i, g, |c| {
+            bytes[(c / 4) * 64 + 4 * j + c % 4] as i8 as i32
+        });
         let dw = f32::from_le_bytes(bytes[512 + 4 * j..512 + 4 * j + 4].try_into().unwrap());
-        let scale = dw * x.scale(i, g);
+        let scale = dw * x.scale(first, g);
         y = scale.mul_add(isum as f32, y);
     }
     y

@@ -15,10 +15,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
+use super::{I8Matrix, Levels, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
 use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 
-/// Input rows per sweep of a weight block.
+/// Level rows per sweep of a weight block (a multiple of every level count).
 const MAX_R: usize = 4;
 
 /// Raw views of input rows `i0 ..` (no bounds checks in the inner loops; every index
@@ -64,19 +64,39 @@ impl<const R: usize> Inputs<R> {
     }
 }
 
+/// Sweeps a weight block over the level rows `R` at a time (`L` level rows make one
+/// input row, so with two levels only `R` = 2 and 4 occur).
 macro_rules! sweep_inputs {
     ($kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
-        let n = $x.rows();
+        match $x.levels() {
+            Levels::One => sweep_inputs!(@levels 1, $kernel, $w, $b, $x, $out),
+            Levels::Two => sweep_inputs!(@levels 2, $kernel, $w, $b, $x, $out),
+        }
+    }};
+    (@levels $l:literal, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+        let n = $x.level_rows();
         let mut i0 = 0;
         while i0 < n {
             match n - i0 {
-                1 => $kernel::<1>($w, $b, $x, i0, $out),
-                2 => $kernel::<2>($w, $b, $x, i0, $out),
-                3 => $kernel::<3>($w, $b, $x, i0, $out),
-                _ => $kernel::<MAX_R>($w, $b, $x, i0, $out),
+                1 => $kernel::<1, $l>($w, $b, $x, i0, $out),
+                2 => $kernel::<2, $l>($w, $b, $x, i0, $out),
+                3 => $kernel::<3, $l>($w, $b, $x, i0, $out),
+                _ => $kernel::<MAX_R, $l>($w, $b, $x, i0, $out),
             }
             i0 += MAX_R;
         }
+    }};
+}
+
+/// Level rows `L·o ..` of exact sums folded into input row `o`'s:
+/// `Σ_l 128^(L-1-l) · sum[L·o + l]` (exact: |sums| < 2^24).
+macro_rules! fold_levels {
+    ($sums:expr, $o:expr, $l:expr, $shift:ident, $add:ident) => {{
+        let mut folded = $sums[$l * $o];
+        for level in 1..$l {
+            folded = $add($shift::<7>(folded), $sums[$l * $o + level]);
+        }
+        folded
     }};
 }
 
@@ -103,7 +123,7 @@ pub(super) unsafe fn block_q4_avx512vnni(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_512<const R: usize>(
+unsafe fn q4_512<const R: usize, const L: usize>(
     w: &PackedQ4,
     b: usize,
     x: &QuantizedRows,
@@ -112,6 +132,7 @@ unsafe fn q4_512<const R: usize>(
 ) {
     unsafe {
         let n = x.rows();
+        let o0 = i0 / L;
         let groups = w.cols() / GROUP;
         let xs = Inputs::<R>::new(x, i0);
         let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
@@ -136,21 +157,26 @@ unsafe fn q4_512<const R: usize>(
                 }
                 let d = bf16x16(p.add(512 + 32 * h));
                 let m = bf16x16(p.add(576 + 32 * h));
+                let mut sums = [_mm512_setzero_si512(); R];
                 for r in 0..R {
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r]));
-                    let scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.scale(r, g)));
-                    let sx = _mm512_set1_ps(xs.sum(r, g));
+                    sums[r] = _mm512_add_epi32(lo[r], hi[r]);
+                }
+                for o in 0..R / L {
+                    let folded = fold_levels!(sums, o, L, _mm512_slli_epi32, _mm512_add_epi32);
+                    let isum = _mm512_cvtepi32_ps(folded);
+                    let scale = _mm512_mul_ps(d, _mm512_set1_ps(xs.scale(L * o, g)));
+                    let sx = _mm512_set1_ps(xs.sum(L * o, g));
                     let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(scale, isum));
-                    y[r][h] = _mm512_add_ps(y[r][h], t);
+                    y[o][h] = _mm512_add_ps(y[o][h], t);
                 }
             }
         }
         let mut lanes = [0f32; 16];
-        for (r, yr) in y.iter().enumerate() {
-            for (h, v) in yr.iter().enumerate() {
+        for (o, yo) in y.iter().enumerate().take(R / L) {
+            for (h, v) in yo.iter().enumerate() {
                 _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
                 for (l, &value) in lanes.iter().enumerate() {
-                    out[(16 * h + l) * n + i0 + r] = value;
+                    out[(16 * h + l) * n + o0 + o] = value;
                 }
             }
         }
@@ -170,7 +196,7 @@ pub(super) unsafe fn block_i8_avx512vnni(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn i8_512<const R: usize>(
+unsafe fn i8_512<const R: usize, const L: usize>(
     w: &I8Matrix,
     b: usize,
     x: &QuantizedRows,
@@ -198,14 +224,18 @@ unsafe fn i8_512<const R: usize>(
                 }
             }
             let dw = _mm512_loadu_ps(p.add(512) as *const f32);
+            let mut sums = [_mm512_setzero_si512(); R];
             for r in 0..R {
                 let surplus = _mm512_set1_epi32(128 * xs.code_sum(r, g));
-                let isum = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs.scale(r, g)));
-                y[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), y[r]);
+                sums[r] = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), surplus);
+            }
+            for o in 0..R / L {
+                let folded = fold_levels!(sums, o, L, _mm512_slli_epi32, _mm512_add_epi32);
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs.scale(L * o, g)));
+                y[o] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(folded), y[o]);
             }
         }
-        store_i8(w, b, &y_lanes512(&y), n, i0, out);
+        store_i8(w, b, &y_lanes512(&y), n, i0 / L, R / L, out);
     }
 }
 
@@ -221,23 +251,25 @@ unsafe fn y_lanes512<const R: usize>(y: &[__m512; R]) -> [[f32; 16]; R] {
     }
 }
 
-/// Writes 16 rows × R inputs of an int8 block, skipping rows past the matrix's end.
+/// Writes 16 rows × `outputs` input rows (from `o0`) of an int8 block, skipping rows
+/// past the matrix's end.
 #[inline(always)]
 fn store_i8<const R: usize>(
     w: &I8Matrix,
     b: usize,
     lanes: &[[f32; 16]; R],
     n: usize,
-    i0: usize,
+    o0: usize,
+    outputs: usize,
     out: &mut [f32],
 ) {
     let valid = w
         .rows()
         .saturating_sub(b * I8_BLOCK_ROWS)
         .min(I8_BLOCK_ROWS);
-    for (r, row) in lanes.iter().enumerate() {
+    for (o, row) in lanes.iter().enumerate().take(outputs) {
         for (j, &value) in row.iter().enumerate().take(valid) {
-            out[j * n + i0 + r] = value;
+            out[j * n + o0 + o] = value;
         }
     }
 }
@@ -265,7 +297,7 @@ macro_rules! q4_256 {
 
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const R: usize>(
+        unsafe fn $name<const R: usize, const L: usize>(
             w: &PackedQ4,
             b: usize,
             x: &QuantizedRows,
@@ -274,6 +306,7 @@ macro_rules! q4_256 {
         ) {
             unsafe {
                 let n = x.rows();
+                let o0 = i0 / L;
                 let groups = w.cols() / GROUP;
                 let xs = Inputs::<R>::new(x, i0);
                 let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
@@ -298,21 +331,27 @@ macro_rules! q4_256 {
                         }
                         let d = bf16x8(p.add(512 + 16 * v));
                         let m = bf16x8(p.add(576 + 16 * v));
+                        let mut sums = [_mm256_setzero_si256(); R];
                         for r in 0..R {
-                            let isum = _mm256_cvtepi32_ps($finish(acc[r]));
-                            let scale = _mm256_mul_ps(d, _mm256_set1_ps(xs.scale(r, g)));
-                            let sx = _mm256_set1_ps(xs.sum(r, g));
+                            sums[r] = $finish(acc[r]);
+                        }
+                        for o in 0..R / L {
+                            let folded =
+                                fold_levels!(sums, o, L, _mm256_slli_epi32, _mm256_add_epi32);
+                            let isum = _mm256_cvtepi32_ps(folded);
+                            let scale = _mm256_mul_ps(d, _mm256_set1_ps(xs.scale(L * o, g)));
+                            let sx = _mm256_set1_ps(xs.sum(L * o, g));
                             let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(scale, isum));
-                            y[r][v] = _mm256_add_ps(y[r][v], t);
+                            y[o][v] = _mm256_add_ps(y[o][v], t);
                         }
                     }
                 }
                 let mut lanes = [0f32; 8];
-                for (r, yr) in y.iter().enumerate() {
-                    for (v, vec) in yr.iter().enumerate() {
+                for (o, yo) in y.iter().enumerate().take(R / L) {
+                    for (v, vec) in yo.iter().enumerate() {
                         _mm256_storeu_ps(lanes.as_mut_ptr(), *vec);
                         for (l, &value) in lanes.iter().enumerate() {
-                            out[(8 * v + l) * n + i0 + r] = value;
+                            out[(8 * v + l) * n + o0 + o] = value;
                         }
                     }
                 }
@@ -375,7 +414,7 @@ macro_rules! i8_256 {
 
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const R: usize>(
+        unsafe fn $name<const R: usize, const L: usize>(
             w: &I8Matrix,
             b: usize,
             x: &QuantizedRows,
@@ -400,14 +439,18 @@ macro_rules! i8_256 {
                             }
                         }
                         let dw = _mm256_loadu_ps(p.add(512 + 32 * v) as *const f32);
-                        for r in 0..R {
-                            let mut isum = acc[r];
-                            if $surplus {
+                        let mut sums = acc;
+                        if $surplus {
+                            for r in 0..R {
                                 let s = _mm256_set1_epi32(128 * xs.code_sum(r, g));
-                                isum = _mm256_sub_epi32(isum, s);
+                                sums[r] = _mm256_sub_epi32(sums[r], s);
                             }
-                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(xs.scale(r, g)));
-                            y[r][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), y[r][v]);
+                        }
+                        for o in 0..R / L {
+                            let folded =
+                                fold_levels!(sums, o, L, _mm256_slli_epi32, _mm256_add_epi32);
+                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(xs.scale(L * o, g)));
+                            y[o][v] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(folded), y[o][v]);
                         }
                     }
                 }
@@ -416,7 +459,7 @@ macro_rules! i8_256 {
                     _mm256_storeu_ps(dst.as_mut_ptr(), yr[0]);
                     _mm256_storeu_ps(dst.as_mut_ptr().add(8), yr[1]);
                 }
-                store_i8(w, b, &lanes, n, i0, out);
+                store_i8(w, b, &lanes, n, i0 / L, R / L, out);
             }
         }
     };
