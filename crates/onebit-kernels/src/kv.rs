@@ -13,7 +13,7 @@
 //!
 //! Conversion happens once, at append: `Bf16` rounds to nearest even (`half`), `Q8`
 //! quantizes each (position, kv head) vector of `head_dim` values to int8 with one scale
-//! `d = max|v| / 127` ([`crate::q8::quantize_group`]). [`KvLayer::truncate`] drops
+//! `d = max|v| / 127` ([`quantize_vector`]). [`KvLayer::truncate`] drops
 //! positions exactly: the cache then holds what appending the kept positions alone
 //! would have built, byte for byte.
 
@@ -149,6 +149,23 @@ impl ElemsRef<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Quantizes one (position, kv head) vector: `d = max|v| / 127`, `q = round(v · 127 /
+/// max|v|)` (ties to even), clamped to ±127 (NaN to 0). Returns `d`.
+pub fn quantize_vector(values: &[f32], codes: &mut [i8]) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting rounds to even
+    let amax = values.iter().fold(0f32, |m, &v| m.max(v.abs()));
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in codes.iter_mut().zip(values) {
+        let r = (v * inverse + MAGIC) - MAGIC;
+        *q = if r.is_nan() {
+            0
+        } else {
+            r.clamp(-127.0, 127.0) as i8
+        };
+    }
+    amax / 127.0
 }
 
 /// One kv head's stores.
@@ -292,7 +309,7 @@ impl KvLayer {
                         .enumerate()
                         .for_each(|(d, &x)| s[at(d)] = bf16::from_f32(x).to_bits()),
                     Elems::Q8(s) => {
-                        store.key_scales[t] = crate::q8::quantize_group(k, &mut codes);
+                        store.key_scales[t] = quantize_vector(k, &mut codes);
                         codes.iter().enumerate().for_each(|(d, &c)| s[at(d)] = c);
                     }
                 }
@@ -300,9 +317,7 @@ impl KvLayer {
                     Elems::F32(s) => s.extend_from_slice(v),
                     Elems::Bf16(s) => s.extend(v.iter().map(|&x| bf16::from_f32(x).to_bits())),
                     Elems::Q8(s) => {
-                        store
-                            .value_scales
-                            .push(crate::q8::quantize_group(v, &mut codes));
+                        store.value_scales.push(quantize_vector(v, &mut codes));
                         s.extend_from_slice(&codes);
                     }
                 }

@@ -236,6 +236,15 @@ pub enum KvTypeArg {
 }
 
 impl KvTypeArg {
+    /// The explicit choice naming `kv_type`.
+    pub fn of(kv_type: KvType) -> KvTypeArg {
+        match kv_type {
+            KvType::F32 => KvTypeArg::F32,
+            KvType::Bf16 => KvTypeArg::Bf16,
+            KvType::Q8 => KvTypeArg::Q8,
+        }
+    }
+
     /// The KV type on `backend` at `precision`: `auto` is `bf16` on the CPU backend at
     /// the integer precisions and `f32` otherwise (the exact reference, and the NPU
     /// plan's buffers); an explicit choice passes through (`Target::open` refuses what

@@ -36,6 +36,8 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let ctx = 16;
     let out = onebit()
         .args(["perplexity", "--json", "--ctx", "16", "--precision", "q8"])
+        // f32 KV, as the float64 evaluation below builds its targets.
+        .args(["--kv-type", "f32"])
         .args(["--compare-precision", "f32", "--model"])
         .arg(&model)
         .arg("--file")
