@@ -13,7 +13,7 @@
 //!
 //! Conversion happens once, at append: `Bf16` rounds to nearest even (`half`), `Q8`
 //! quantizes each (position, kv head) vector of `head_dim` values to int8 with one scale
-//! `d = max|v| / 127` ([`crate::q8::quantize_group`]). [`KvLayer::truncate`] drops
+//! `d = max|v| / 127` ([`crate::q8::quantize_group`], over `head_dim` values). [`KvLayer::truncate`] drops
 //! positions exactly: the cache then holds what appending the kept positions alone
 //! would have built, byte for byte.
 

@@ -24,6 +24,14 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Long-context mode: prefill N tokens (in chunks, timed once) instead of
+    /// --prefill-tokens, then time decode and the n-row passes at that depth.
+    #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
+    pub context: Option<usize>,
+    /// Positions the benchmark may use (default: the model's max_position_embeddings;
+    /// more is refused); the prefill, decode steps and the 16-row pass must fit.
+    #[arg(long)]
+    pub ctx_len: Option<usize>,
     /// Speculative round cost with an oracle drafter that knows the target's greedy
     /// continuation: always right, every third wrong, or never right.
     #[arg(long, value_parser = ["always", "every-third", "never"])]
@@ -90,19 +98,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return speculative(args);
     }
     let package = args.target.package()?;
+    // Positions needed: the prompt, the decode steps, then the largest n-row pass.
+    let ctx = crate::run::context_len(args.ctx_len, &package)?;
+    let prefill_tokens = args.context.unwrap_or(args.prefill_tokens);
+    let needed = prefill_tokens + args.decode_tokens + 16;
+    if needed > ctx {
+        anyhow::bail!(
+            "bench: {prefill_tokens} prompt tokens + {} decode steps + a 16-row pass need {needed} positions, more than the context of {ctx}",
+            args.decode_tokens
+        );
+    }
     let mut target = args.target.target(&package)?;
     let vocab = package.config.vocab_size;
     let threads = target.threads();
 
     let bandwidth = read_bandwidth(threads);
 
-    // Prefill: one pass over a prompt (best of two).
-    let prompt = tokens(args.prefill_tokens, vocab, 1);
+    // Prefill: one pass over a prompt (best of two), or at --context N one chunked
+    // prefill of N tokens.
+    let prompt = tokens(prefill_tokens, vocab, 1);
     let mut prefill = f64::INFINITY;
-    for _ in 0..2 {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    for _ in 0..if args.context.is_some() { 1 } else { 2 } {
         target.truncate(0)?;
         let start = Instant::now();
-        target.forward_last(&prompt)?;
+        target.prefill(&prompt, mtp::PREFILL_CHUNK, &never)?;
         prefill = prefill.min(start.elapsed().as_secs_f64());
     }
 
@@ -150,8 +170,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 "head": target.head().name(),
                 "read_bandwidth_gb_s": bandwidth,
                 "weight_bytes_per_token": bytes,
-                "prefill_tokens": args.prefill_tokens,
-                "prefill_tokens_per_second": args.prefill_tokens as f64 / prefill,
+                "context": args.context,
+                "prefill_tokens": prefill_tokens,
+                "prefill_tokens_per_second": prefill_tokens as f64 / prefill,
                 "decode_tokens_per_second": 1.0 / decode,
                 "decode_weight_gb_s": achieved,
                 "decode_fraction_of_bandwidth": achieved / bandwidth,
@@ -172,9 +193,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("machine read bandwidth: {bandwidth:.1} GB/s ({threads} threads)");
         println!(
             "prefill: {:.1} tok/s ({} tokens)",
-            args.prefill_tokens as f64 / prefill,
-            args.prefill_tokens
+            prefill_tokens as f64 / prefill,
+            prefill_tokens
         );
+        if let Some(n) = args.context {
+            println!("decode and passes below at a depth of {n} positions");
+        }
         println!(
             "decode:  {:.1} tok/s; {:.1} MB of weights per token = {:.1} GB/s, {:.0}% of read bandwidth",
             1.0 / decode,

@@ -95,7 +95,9 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         (p, kv) => {
             let mut t = args.target.clone();
             t.precision = p.unwrap_or(t.precision);
-            t.kv_type = kv.unwrap_or(t.kv_type);
+            // Without --compare-kv-type the comparison keeps the main KV type (`auto`
+            // would otherwise follow the compared precision).
+            t.kv_type = kv.unwrap_or(KvTypeArg::of(main.kv_type()));
             Some(t.target(&package)?)
         }
     };

@@ -93,9 +93,14 @@ pub struct RunArgs {
     /// Raw prompt token ids, comma-separated (no tokenizer or template involved).
     #[arg(long, value_delimiter = ',')]
     pub prompt_tokens: Option<Vec<u32>>,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 256)]
-    pub max_tokens: usize,
+    /// Tokens to generate at most (default: 256, or what the context leaves after the
+    /// prompt if that is less; an explicit value that does not fit is refused).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Positions the run may use, prompt included (default: the model's
+    /// max_position_embeddings; more is refused). The KV cache grows with use.
+    #[arg(long)]
+    pub ctx_len: Option<usize>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temp: f32,
@@ -231,6 +236,15 @@ pub enum KvTypeArg {
 }
 
 impl KvTypeArg {
+    /// The explicit choice naming `kv_type`.
+    pub fn of(kv_type: KvType) -> KvTypeArg {
+        match kv_type {
+            KvType::F32 => KvTypeArg::F32,
+            KvType::Bf16 => KvTypeArg::Bf16,
+            KvType::Q8 => KvTypeArg::Q8,
+        }
+    }
+
     /// The KV type on `backend` at `precision`: `auto` is `bf16` on the CPU backend at
     /// the integer precisions and `f32` otherwise (the exact reference, and the NPU
     /// plan's buffers); an explicit choice passes through (`Target::open` refuses what
@@ -388,11 +402,47 @@ pub fn stats_line(s: &mtp::Stats) -> String {
     )
 }
 
-/// The loop options `args` ask for (fixed k; `run` sets the adaptive settings).
-fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
-    RunOptions {
+/// The context in positions: `--ctx-len`, at most the model's `max_position_embeddings`
+/// (default: that).
+pub fn context_len(ctx_len: Option<usize>, package: &TargetPackage) -> Result<usize> {
+    let max = package.config.max_positions;
+    match ctx_len {
+        None => Ok(max),
+        Some(0) => bail!("--ctx-len must be at least 1"),
+        Some(n) if n > max => {
+            bail!("--ctx-len {n} exceeds the model's max_position_embeddings {max}")
+        }
+        Some(n) => Ok(n),
+    }
+}
+
+/// Default tokens to generate when `--max-tokens` is not given (less if the context ends
+/// sooner).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// Tokens to generate: `--max-tokens`, refused (before any work, with both numbers) if
+/// the prompt plus it exceed the context; by default 256 clamped to what is left.
+pub fn max_tokens(args: &RunArgs, package: &TargetPackage, prompt: usize) -> Result<usize> {
+    let ctx = context_len(args.ctx_len, package)?;
+    match args.max_tokens {
+        Some(m) if prompt + m > ctx => bail!(
+            "run: the prompt's {prompt} tokens plus --max-tokens {m} make {}, more than the context of {ctx} positions",
+            prompt + m
+        ),
+        Some(m) => Ok(m),
+        None if prompt >= ctx => bail!(
+            "run: the prompt's {prompt} tokens leave no room in the context of {ctx} positions"
+        ),
+        None => Ok(DEFAULT_MAX_TOKENS.min(ctx - prompt)),
+    }
+}
+
+/// The loop options `args` ask for (fixed k; `run` sets the adaptive settings), for a
+/// prompt of `prompt` tokens.
+fn run_options(args: &RunArgs, package: &TargetPackage, prompt: usize) -> Result<RunOptions> {
+    Ok(RunOptions {
         adaptive: None,
-        max_tokens: args.max_tokens,
+        max_tokens: max_tokens(args, package, prompt)?,
         draft_max: args.draft_max,
         stop_tokens: if args.ignore_eos {
             Vec::new()
@@ -400,7 +450,7 @@ fn run_options(args: &RunArgs, package: &TargetPackage) -> RunOptions {
             package.config.eos_token_ids.clone()
         },
         sampling: sampling_config(args),
-    }
+    })
 }
 
 /// The sampling parameters `args` ask for (checked by [`SamplingConfig::check`]).
@@ -426,7 +476,7 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
     let package = args.target.package()?;
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let mut options = run_options(args, &package);
+    let mut options = run_options(args, &package, prompt.len())?;
     let show = |ids: &[u32]| -> String {
         match &text {
             Some(t) => t.decode(ids).unwrap_or_default(),
@@ -537,8 +587,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let package = args.target.package()?;
     let text = Text::open(&args.target.model).ok();
     let prompt = prompt_ids(args, &package, text.as_ref())?;
+    // The context refusal comes before the model is loaded.
+    let mut options = run_options(args, &package, prompt.len())?;
     let mut target = args.target.target(&package)?;
-    let mut options = run_options(args, &package);
     let speculative = args.draft.is_some() || args.lookup;
     // Calibrated before the draft's layer taps are set (the passes would write tap rows).
     let (adaptive, calibration_seconds) = if speculative {

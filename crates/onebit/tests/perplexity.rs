@@ -36,6 +36,8 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let ctx = 16;
     let out = onebit()
         .args(["perplexity", "--json", "--ctx", "16", "--precision", "q8"])
+        // f32 KV, as the float64 evaluation below builds its targets.
+        .args(["--kv-type", "f32"])
         .args(["--compare-precision", "f32", "--model"])
         .arg(&model)
         .arg("--file")
@@ -48,12 +50,9 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let tokens = tokenizer.encode(TEXT, false).unwrap().get_ids().to_vec();
     let package = std::sync::Arc::new(TargetPackage::open(&model).unwrap());
     let vocab = package.config.vocab_size;
-    // The CLI's `--kv-type auto`: bf16 KV at the integer precisions, f32 KV at f32.
+    // f32 KV at both precisions, as the command above runs (`--kv-type f32`).
     let logits_at = |p: Precision, window: &[u32]| {
-        let kv_type = match p {
-            Precision::F32 => npu_runtime::KvType::F32,
-            _ => npu_runtime::KvType::Bf16,
-        };
+        let kv_type = npu_runtime::KvType::F32;
         let options = npu_runtime::CpuOptions {
             precision: p,
             kv_type,
