@@ -229,7 +229,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-block-attention-causal",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "                    total - first,",
+        find: "                total - first,",
         replace: "                    cache.len + i + 1 - first,",
         tests: &["-p", "dflash-draft", "--test", "reference"],
         also: None,

@@ -365,7 +365,8 @@ pub struct DraftOutput {
     pub hidden: Vec<f32>,
     /// The residual stream after each draft layer (`block_size x hidden` each).
     pub layer_outputs: Vec<Vec<f32>>,
-    /// Picks for block rows `1..block_size`: row `i` drafts the token at `pos + i`.
+    /// Picks for block rows `1..=picks` (`1..block_size` unless fewer were asked for,
+    /// [`draft_block`]): row `i` drafts the token at `pos + i`.
     pub tokens: Vec<u32>,
 }
 
@@ -396,6 +397,7 @@ fn run_block(
     block: &[u32],
     pos: usize,
     hooks: &dyn DraftHooks,
+    picks: usize,
 ) -> DraftOutput {
     let c = &w.config;
     let (h, hd, b) = (c.hidden_size, c.head_dim, block.len());
@@ -493,7 +495,11 @@ fn run_block(
     cache.truncate(cache.len, hd);
     let mut hidden = vec![0f32; b * h];
     kernels::rms_norm(&x, &w.final_norm, c.rms_norm_eps, &mut hidden);
-    let tokens = hooks.pick(&hidden[h..], b - 1);
+    let picks = picks.min(b - 1);
+    let tokens = match picks {
+        0 => Vec::new(),
+        _ => hooks.pick(&hidden[h..(1 + picks) * h], picks),
+    };
     DraftOutput {
         hidden,
         layer_outputs,
@@ -526,11 +532,29 @@ pub fn draft_forward_cached(
     pos: usize,
     hooks: &dyn DraftHooks,
 ) -> Result<DraftOutput> {
+    let picks = w.config.block_size - 1;
+    draft_block(w, cache, new_rows, n_new, block, pos, hooks, picks)
+}
+
+/// [`draft_forward_cached`] scoring only the first `picks` drafted rows with the hooks'
+/// head (the rest of the block runs all the same: its rows attend to each other). A
+/// round that verifies k drafts asks for k picks; the head is the round's largest part.
+#[allow(clippy::too_many_arguments)]
+pub fn draft_block(
+    w: &DraftWeights,
+    cache: &mut DraftKvCache,
+    new_rows: &[f32],
+    n_new: usize,
+    block: &[u32],
+    pos: usize,
+    hooks: &dyn DraftHooks,
+    picks: usize,
+) -> Result<DraftOutput> {
     let mut out = None;
     hooks.install(&mut || {
         out = Some(cache.fold(w, new_rows, n_new).and_then(|()| {
             check_block(&w.config, block, pos, cache.len())?;
-            Ok(run_block(w, cache, block, pos, hooks))
+            Ok(run_block(w, cache, block, pos, hooks, picks))
         }));
     });
     out.expect("install runs the round")

@@ -54,8 +54,8 @@ pub use config::{
 };
 pub use error::{DraftError, Result};
 pub use forward::{
-    draft_forward, draft_forward_cached, fuse_context, DraftHooks, DraftKvCache, DraftOutput,
-    DraftPrecision, DraftWeights,
+    draft_block, draft_forward, draft_forward_cached, fuse_context, DraftHooks, DraftKvCache,
+    DraftOutput, DraftPrecision, DraftWeights,
 };
 pub use import::{import_zlab, ImportReport};
 pub use orientation::{fusion_orientation, Orientation};
