@@ -238,6 +238,20 @@ impl CpuModel {
         self.team.install(|| self.head_in_pool(hidden, n))
     }
 
+    /// Logits to propose from, not to decide with (a drafter's picks): at `Q8x2`, the
+    /// head over one int8 level of activations (half its integer work); otherwise
+    /// [`CpuModel::logits`]. On the model's team.
+    pub fn proposal_logits(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        let levels = self.precision.levels().map(|_| q8::Levels::One);
+        self.team.install(|| self.head_levels(hidden, n, levels))
+    }
+
+    /// Runs `f` with the model's thread team installed on this thread, so the parallel
+    /// loops of work beside its passes (a draft round) run on the same team.
+    pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.team.install(f)
+    }
+
     fn project(&self, w: &q4nx_format::Q4Matrix, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n * w.rows()];
         matmul(w, x, n, &mut y, self.kernel);
@@ -246,8 +260,13 @@ impl CpuModel {
 
     /// Logits of `n` final-normed rows with the chosen head, inside the team.
     fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        self.head_levels(hidden, n, self.precision.levels())
+    }
+
+    /// [`CpuModel::head_in_pool`] with the integer heads' activations at `levels`.
+    fn head_levels(&self, hidden: &[f32], n: usize, levels: Option<q8::Levels>) -> Vec<f32> {
         let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
+        let levels = levels.unwrap_or(q8::Levels::One);
         let quantize = || {
             let mut x = QuantizedRows::default();
             x.quantize_levels(hidden, n, h, levels);

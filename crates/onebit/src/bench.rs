@@ -36,7 +36,8 @@ pub struct BenchArgs {
     /// continuation: always right, every third wrong, or never right.
     #[arg(long, value_parser = ["always", "every-third", "never"])]
     pub oracle: Option<String>,
-    /// A DFlash draft package: sweep k = 1..block_size-1 (acceptance and tokens/s).
+    /// A DFlash draft package: adaptive k <= --draft-max (the default of `run`), then
+    /// a sweep of fixed k = 1..block_size-1 (acceptance and tokens/s).
     #[arg(long, conflicts_with = "oracle")]
     pub draft: Option<std::path::PathBuf>,
     /// Drafts per round for --oracle.
@@ -52,8 +53,9 @@ pub struct BenchArgs {
     /// With --lookup: the longest suffix n-gram matched.
     #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
     pub lookup_ngram: usize,
-    /// With --lookup: only fixed k = --draft-max (no adaptive run).
-    #[arg(long, requires = "lookup")]
+    /// With --lookup: only fixed k = --draft-max; with --draft: only the fixed-k sweep
+    /// (no adaptive run).
+    #[arg(long)]
     pub fixed_k: bool,
     /// A text prompt for the speculative benchmarks, in the chat template when the
     /// package has one; they stop at end-of-sequence. Default: 32 synthetic token ids
@@ -315,21 +317,27 @@ fn speculative(args: &BenchArgs) -> Result<()> {
     } else if let Some(dir) = &args.draft {
         let setup = crate::run::DraftSetup::open(dir, &package, &args.target.model)?;
         let weights = setup.draft.weights()?;
-        for k in 1..setup.draft.config.block_size {
+        // Adaptive k first (unless --fixed-k), then the fixed-k sweep.
+        let adaptive = (!args.fixed_k).then_some(args.draft_max);
+        for k in adaptive.into_iter().chain(1..setup.draft.config.block_size) {
             let mut target = args.target.target(&package)?;
+            let mut opts = options(k);
+            let label = if adaptive.is_some() && results.is_empty() {
+                // Calibrated before the taps are set, as `run` does.
+                let (a, secs) = crate::run::adaptive_config(false, &mut target, k)?;
+                opts.adaptive = a;
+                calibration = secs;
+                format!("adaptive k <= {k}")
+            } else {
+                format!("k = {k}")
+            };
             let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
             target.set_layer_taps(&setup.draft.config.target_layer_ids, sink.clone())?;
             let hooks = target.draft_hooks(&package)?;
             let mut head = mtp::DFlashHead::new(&weights, Box::new(hooks), sink);
             let start = Instant::now();
-            let out = mtp::run(
-                &mut target,
-                Some(&mut head),
-                &prompt,
-                &options(k),
-                &mut |_| true,
-            )?;
-            results.push((format!("k = {k}"), start.elapsed().as_secs_f64(), out));
+            let out = mtp::run(&mut target, Some(&mut head), &prompt, &opts, &mut |_| true)?;
+            results.push((label, start.elapsed().as_secs_f64(), out));
         }
     }
     let rows: Vec<_> = results
@@ -370,7 +378,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                 args.lookup_ngram
             ),
             None => format!(
-                "the DFlash draft {}",
+                "the DFlash draft {} (pass costs calibrated in {calibration:.2} s)",
                 args.draft
                     .as_ref()
                     .map(|d| d.display().to_string())
