@@ -14,6 +14,7 @@ mod demo;
 mod fixtures;
 mod fuzz;
 mod ggml_reference;
+mod load_test;
 mod models;
 mod mutants;
 
@@ -38,7 +39,11 @@ tasks:
              [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
                                            build llama.cpp's llama-bench (pinned llama-cpp-python
                                            sdist, cached in target/peer) and print it and onebit
-                                           bench side by side on the same GGUF, as ratios (nightly)";
+                                           bench side by side on the same GGUF, as ratios (nightly)
+  load-test [--requests N] [--concurrency C] [--parallel P]
+                                           onebit serve on the tiny fixture (loopback): N requests
+                                           (200) from C clients (8); p50/p99 latency, zero errors,
+                                           the server alive (nightly)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -55,6 +60,7 @@ fn main() -> Result<()> {
         "mutants" => mutants::run(rest),
         "cargo-mutants" => cargo_mutants::run(rest),
         "bench-peer" => bench_peer::run(rest),
+        "load-test" => load_test::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -55,6 +55,21 @@ pub enum RunError {
     /// The target failed.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// The drafter failed (a draft that cannot run is an error, never a silent fall
+    /// back to plain decoding).
+    #[error("mtp::run: the drafter failed: {0}")]
+    Draft(String),
+    /// [`run_from`] was told the target holds a prefix it does not hold, or one that
+    /// leaves no prompt token to run.
+    #[error("mtp::run: {cached} cached prompt positions, but the target holds {position} and the prompt has {prompt} tokens (at least one must be left to run)")]
+    Cached {
+        /// Prompt positions the caller said are cached.
+        cached: usize,
+        /// Positions the target holds.
+        position: usize,
+        /// Prompt tokens.
+        prompt: usize,
+    },
 }
 
 /// What a run produced.
@@ -84,7 +99,7 @@ fn row(logits: &[f32], vocab: usize, i: usize) -> &[f32] {
 /// use the standard min(1, p/q) test with residual resampling instead.
 pub fn run(
     base: &mut dyn Forward,
-    mut head: Option<&mut dyn DraftHead>,
+    head: Option<&mut dyn DraftHead>,
     prompt: &[u32],
     options: &RunOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
@@ -92,6 +107,44 @@ pub fn run(
     if prompt.is_empty() {
         return Err(RunError::EmptyPrompt);
     }
+    generate(base, head, prompt, prompt, options, on_token)
+}
+
+/// [`run`] for a target that already holds the first `cached` positions of `prompt`
+/// (a session's earlier turn, or a chunked prefill): only `prompt[cached..]` is run.
+/// `base.position()` must equal `cached`, and `cached < prompt.len()` (the first pick
+/// needs the last prompt token's logits). The head still observes the whole prompt.
+pub fn run_from(
+    base: &mut dyn Forward,
+    head: Option<&mut dyn DraftHead>,
+    prompt: &[u32],
+    cached: usize,
+    options: &RunOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<RunOutput, RunError> {
+    if prompt.is_empty() {
+        return Err(RunError::EmptyPrompt);
+    }
+    if cached >= prompt.len() || base.position() != cached {
+        return Err(RunError::Cached {
+            cached,
+            position: base.position(),
+            prompt: prompt.len(),
+        });
+    }
+    generate(base, head, prompt, &prompt[cached..], options, on_token)
+}
+
+/// The loop: `prompt` is the whole committed stream's start, `fresh` its tail the
+/// target has not run yet.
+fn generate(
+    base: &mut dyn Forward,
+    mut head: Option<&mut dyn DraftHead>,
+    prompt: &[u32],
+    fresh: &[u32],
+    options: &RunOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<RunOutput, RunError> {
     let vocab = base.config().vocab_size;
     let mut sampler = Sampler::new(options.sampling)?;
     let mut stats = Stats::default();
@@ -110,10 +163,10 @@ pub fn run(
     let mut policy = options.adaptive.clone().map(AdaptiveK::new);
     let mut draft_cost: Option<f64> = None;
     let t0 = Instant::now();
-    // Prefill, in chunks of bounded memory: only the last prompt row's logits are used
-    // (the same bits for every chunk size).
+    // Prefill of the fresh tokens, in chunks of bounded memory: only the last prompt
+    // row's logits are used (the same bits for every chunk size).
     let never = std::sync::atomic::AtomicBool::new(false);
-    let logits = base.prefill(prompt, PREFILL_CHUNK, &never)?;
+    let logits = base.prefill(fresh, PREFILL_CHUNK, &never)?;
     stats.target_seconds += t0.elapsed().as_secs_f64();
     let s0 = Instant::now();
     let mut next = sampler.pick(row(&logits, vocab, 0));
@@ -217,7 +270,13 @@ pub fn run(
                     Some(c) => c + 0.2 * (secs - c),
                     None => secs,
                 });
-                d.unwrap_or_default()
+                match d {
+                    Some(d) => d,
+                    None => match h.error() {
+                        Some(e) => return Err(RunError::Draft(e)),
+                        None => Vec::new(),
+                    },
+                }
             }
             _ => Vec::new(),
         };

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use npu_runtime::Forward;
+use onebit_engine::{CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, Prompt, Request};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -99,9 +100,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.oracle.is_some() || args.draft.is_some() || args.lookup {
         return speculative(args);
     }
-    let package = args.target.package()?;
+    let engine = args.target.engine(DrafterConfig::None, 0, true)?;
     // Positions needed: the prompt, the decode steps, then the largest n-row pass.
-    let ctx = crate::run::context_len(args.ctx_len, &package)?;
+    let ctx = crate::run::context_len(args.ctx_len, engine.package())?;
     let prefill_tokens = args.context.unwrap_or(args.prefill_tokens);
     let needed = prefill_tokens + args.decode_tokens + 16;
     if needed > ctx {
@@ -110,8 +111,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             args.decode_tokens
         );
     }
-    let mut target = args.target.target(&package)?;
-    let vocab = package.config.vocab_size;
+    let mut session = engine.session()?;
+    let target = session.target();
+    let vocab = engine.package().config.vocab_size;
     let threads = target.threads();
 
     let bandwidth = read_bandwidth(threads);
@@ -230,127 +232,141 @@ fn drafter_name(args: &BenchArgs) -> String {
     }
 }
 
-/// Greedy options for the speculative benchmarks.
-fn greedy(tokens: usize, k: usize) -> mtp::RunOptions {
-    mtp::RunOptions {
-        adaptive: None,
-        max_tokens: tokens,
-        draft_max: k,
-        stop_tokens: Vec::new(),
-        sampling: mtp::SamplingConfig {
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
-        },
+/// A greedy request for the speculative benchmarks.
+fn greedy(prompt: &[u32], tokens: usize, stop_at_eos: bool, draft: DraftMode) -> Request {
+    Request {
+        ignore_eos: !stop_at_eos,
+        draft,
+        ..Request::new(Prompt::Tokens(prompt.to_vec()), tokens)
     }
 }
 
-/// `--oracle` and `--draft`: plain greedy decoding first (timed; its continuation is
-/// the oracle's knowledge), then speculative decoding of the same prompt.
+/// A completion's whole time, prefill included.
+fn seconds(c: &Completion) -> f64 {
+    (c.timings.prompt_ms + c.timings.predicted_ms) / 1e3
+}
+
+/// `--oracle`, `--lookup` and `--draft`: plain greedy decoding first (timed; its
+/// continuation is the oracle's knowledge), then speculative decoding of the same prompt.
 fn speculative(args: &BenchArgs) -> Result<()> {
-    let package = args.target.package()?;
-    let vocab = package.config.vocab_size;
+    let drafter = match &args.draft {
+        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
+        None if args.lookup => DrafterConfig::Lookup {
+            ngram: args.lookup_ngram,
+        },
+        None => DrafterConfig::None,
+    };
+    // Lookup and DFlash calibrate for their adaptive run unless --fixed-k (the oracle
+    // runs fixed k).
+    let fixed_k = args.fixed_k || args.oracle.is_some();
+    let engine = args.target.engine(drafter, args.draft_max, fixed_k)?;
+    let vocab = engine.package().config.vocab_size;
     let (prompt, stop) = match &args.prompt {
         Some(p) => {
-            let text = crate::text::Text::open(&args.target.model)?;
-            let ids = match package.config.chat_template.as_deref() {
-                Some(t) => text.encode(&crate::text::render_chat(t, None, p, "", "")?, false)?,
-                None => text.encode(p, true)?,
-            };
-            if ids.is_empty() {
-                anyhow::bail!("bench: the prompt is empty");
+            if engine.text().is_none() {
+                anyhow::bail!("bench: --prompt needs the package's tokenizer.json");
             }
-            (ids, package.config.eos_token_ids.clone())
+            let prompt = match engine.chat_template() {
+                Some(_) => Prompt::chat_user(p.as_str()),
+                None => Prompt::Text(p.clone()),
+            };
+            (engine.tokenize(&prompt)?, true)
         }
-        None => (tokens(32, vocab, 1), Vec::new()),
+        None => (tokens(32, vocab, 1), false),
     };
-    let options = |k: usize| mtp::RunOptions {
-        stop_tokens: stop.clone(),
-        ..greedy(args.tokens, k)
+    let mut session = engine.session()?;
+    let mut generate = |draft: DraftMode| -> Result<Completion> {
+        session.reset();
+        Ok(session.generate(
+            &greedy(&prompt, args.tokens, stop, draft),
+            &mut NullSink,
+            &CancelFlag::new(),
+        )?)
     };
-    let mut target = args.target.target(&package)?;
-    let start = Instant::now();
-    let plain = mtp::run(&mut target, None, &prompt, &options(0), &mut |_| true)?;
-    let plain_seconds = start.elapsed().as_secs_f64();
-    let plain_tps = plain.tokens.len() as f64 / plain_seconds;
-    let mut results: Vec<(String, f64, mtp::RunOutput)> = Vec::new();
+    let plain = generate(DraftMode::Off)?;
+    let plain_tps = plain.tokens.len() as f64 / seconds(&plain);
+    let mut results: Vec<(String, f64, Vec<u32>, mtp::Stats)> = Vec::new();
     let mut calibration = 0.0;
     if let Some(rule) = &args.oracle {
         let rule = mtp::OracleRule::parse(rule).expect("clap checked the value");
         let mut stream = prompt.clone();
         stream.extend(&plain.tokens);
         let mut head = mtp::OracleHead::new(stream, vocab, rule);
-        let mut target = args.target.target(&package)?;
+        let mut session = engine.session()?;
+        let options = mtp::RunOptions {
+            max_tokens: args.tokens,
+            draft_max: args.draft_max,
+            stop_tokens: if stop {
+                engine.package().config.eos_token_ids.clone()
+            } else {
+                Vec::new()
+            },
+            sampling: mtp::SamplingConfig {
+                temperature: 0.0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            adaptive: None,
+        };
         let start = Instant::now();
         let out = mtp::run(
-            &mut target,
+            session.target(),
             Some(&mut head),
             &prompt,
-            &options(args.draft_max),
+            &options,
             &mut |_| true,
         )?;
         results.push((
             format!("k = {}", args.draft_max),
             start.elapsed().as_secs_f64(),
-            out,
+            out.tokens,
+            out.stats,
         ));
     } else if args.lookup {
         for adaptive in [true, false] {
             if adaptive && args.fixed_k {
                 continue;
             }
-            let mut target = args.target.target(&package)?;
-            let mut opts = options(args.draft_max);
-            let label = if adaptive {
-                let (a, secs) = crate::run::adaptive_config(false, &mut target, args.draft_max)?;
-                opts.adaptive = a;
-                calibration = secs;
-                format!("adaptive k <= {}", args.draft_max)
+            let (label, mode) = if adaptive {
+                calibration = engine.calibration_seconds();
+                (format!("adaptive k <= {}", args.draft_max), DraftMode::Auto)
             } else {
-                format!("k = {}", args.draft_max)
+                (
+                    format!("k = {}", args.draft_max),
+                    DraftMode::Fixed(args.draft_max),
+                )
             };
-            let mut head = mtp::LookupHead::new(args.lookup_ngram);
-            let start = Instant::now();
-            let out = mtp::run(&mut target, Some(&mut head), &prompt, &opts, &mut |_| true)?;
-            results.push((label, start.elapsed().as_secs_f64(), out));
+            let out = generate(mode)?;
+            results.push((label, seconds(&out), out.tokens, out.stats));
         }
-    } else if let Some(dir) = &args.draft {
-        let setup = crate::run::DraftSetup::open(dir, &package, &args.target.model)?;
-        let weights = setup.draft.weights()?;
+    } else if let Some(block) = engine.draft_config().map(|c| c.block_size) {
         // Adaptive k first (unless --fixed-k), then the fixed-k sweep.
-        let adaptive = (!args.fixed_k).then_some(args.draft_max);
-        for k in adaptive.into_iter().chain(1..setup.draft.config.block_size) {
-            let mut target = args.target.target(&package)?;
-            let mut opts = options(k);
-            let label = if adaptive.is_some() && results.is_empty() {
-                // Calibrated before the taps are set, as `run` does.
-                let (a, secs) = crate::run::adaptive_config(false, &mut target, k)?;
-                opts.adaptive = a;
-                calibration = secs;
-                format!("adaptive k <= {k}")
-            } else {
-                format!("k = {k}")
-            };
-            let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
-            target.set_layer_taps(&setup.draft.config.target_layer_ids, sink.clone())?;
-            let hooks = target.draft_hooks(&package)?;
-            let mut head = mtp::DFlashHead::new(&weights, Box::new(hooks), sink);
-            let start = Instant::now();
-            let out = mtp::run(&mut target, Some(&mut head), &prompt, &opts, &mut |_| true)?;
-            results.push((label, start.elapsed().as_secs_f64(), out));
+        if !args.fixed_k {
+            calibration = engine.calibration_seconds();
+            let out = generate(DraftMode::Auto)?;
+            results.push((
+                format!("adaptive k <= {}", args.draft_max),
+                seconds(&out),
+                out.tokens,
+                out.stats,
+            ));
+        }
+        for k in 1..block {
+            let out = generate(DraftMode::Fixed(k))?;
+            results.push((format!("k = {k}"), seconds(&out), out.tokens, out.stats));
         }
     }
     let rows: Vec<_> = results
         .iter()
-        .map(|(k, secs, out)| {
-            let tps = out.tokens.len() as f64 / secs;
+        .map(|(k, secs, tokens, stats)| {
+            let tps = tokens.len() as f64 / secs;
             json!({
                 "k": k.strip_prefix("k = ").and_then(|v| v.parse::<usize>().ok()),
                 "k_rule": k,
                 "tokens_per_second": tps,
                 "speedup_vs_plain": tps / plain_tps,
-                "text_equals_plain": out.tokens == plain.tokens,
-                "stats": crate::run::stats_json(&out.stats),
+                "text_equals_plain": *tokens == plain.tokens,
+                "stats": onebit_engine::stats_json(stats),
             })
         })
         .collect();
@@ -393,9 +409,8 @@ fn speculative(args: &BenchArgs) -> Result<()> {
         );
         println!("plain: {plain_tps:.1} tok/s");
         println!("                 k  tok/s  speed-up  accepted/drafted  tokens/round  draft share  text equal");
-        for (k, secs, out) in &results {
-            let tps = out.tokens.len() as f64 / secs;
-            let s = &out.stats;
+        for (k, secs, tokens, s) in &results {
+            let tps = tokens.len() as f64 / secs;
             println!(
                 "{k:>18} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>11.1}%  {}",
                 tps / plain_tps,
@@ -403,16 +418,15 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                 s.drafted,
                 s.tokens_per_round(),
                 100.0 * s.draft_share(),
-                if out.tokens == plain.tokens {
-                    "yes"
-                } else {
-                    "NO"
-                }
+                if *tokens == plain.tokens { "yes" } else { "NO" }
             );
-            println!("{:>18} {}", "", crate::run::stats_line(s));
+            println!("{:>18} {}", "", onebit_engine::stats_line(s));
         }
     }
-    if results.iter().any(|(_, _, out)| out.tokens != plain.tokens) {
+    if results
+        .iter()
+        .any(|(_, _, tokens, _)| *tokens != plain.tokens)
+    {
         anyhow::bail!("bench: speculative text differs from plain text");
     }
     Ok(())

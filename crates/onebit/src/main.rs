@@ -18,7 +18,7 @@ mod doctor;
 mod inspect;
 mod perplexity;
 mod run;
-mod text;
+mod serve;
 
 /// Run Q4NX language models with DFlash speculative decoding.
 #[derive(Parser)]
@@ -43,6 +43,9 @@ enum Command {
     /// Perplexity of a text; with --compare-precision, KL divergence and top-1
     /// agreement between two precisions.
     Perplexity(perplexity::PerplexityArgs),
+    /// Serve the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions,
+    /// /v1/models) and Ollama (/api/chat, /api/generate, /api/tags, ...) routes.
+    Serve(serve::ServeArgs),
     /// Report what this machine offers: CPU kernels, XRT, the NPU and why it is or is
     /// not usable; optionally check a model's NPU plan and a kernel manifest.
     Doctor(doctor::DoctorArgs),
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

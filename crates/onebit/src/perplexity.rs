@@ -19,7 +19,6 @@ use npu_runtime::Forward;
 use serde_json::json;
 
 use crate::run::{KvTypeArg, PrecisionArg, TargetArgs};
-use crate::text::Text;
 
 #[derive(Args)]
 pub struct PerplexityArgs {
@@ -75,7 +74,8 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             package.config.max_positions
         );
     }
-    let text = Text::open(&args.target.model)?;
+    let text = onebit_engine::Text::open(&args.target.model)?
+        .context("perplexity: the package has no tokenizer.json")?;
     let content = std::fs::read_to_string(&args.file)
         .with_context(|| format!("perplexity: cannot read {}", args.file.display()))?;
     let tokens = text.encode(&content, false)?;

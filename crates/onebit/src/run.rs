@@ -1,19 +1,23 @@
 //! `onebit run`: generate text with a target package.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Isa;
-use npu_runtime::{CpuOptions, Forward, HeadKind, KvType, Precision, TargetPackage};
-
-use crate::backend::{check_npu_options, BackendArg, NpuOptions, Target};
+use npu_runtime::{HeadKind, KvType, Precision};
+use onebit_engine::{
+    stats_json, stats_line, Backend, CancelFlag, Completion, DraftMode, DrafterConfig, Engine,
+    EngineConfig, Event, Message, Prompt, Request,
+};
 use serde_json::json;
 
-use crate::text::{render_chat, StreamDecoder, Text};
-use mtp::{RunOptions, SamplingConfig, StopReason};
+use crate::backend::BackendArg;
+use mtp::SamplingConfig;
 
 /// How to open and run a target package; shared by `run` and `bench`.
 #[derive(Args, Clone)]
@@ -56,30 +60,58 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
-    /// Opens and checks the package.
-    pub fn package(&self) -> Result<std::sync::Arc<TargetPackage>> {
-        Ok(std::sync::Arc::new(TargetPackage::open(&self.model)?))
-    }
-
-    /// A target over `package` on the chosen backend with these options.
-    pub fn target<'a>(&self, package: &'a std::sync::Arc<TargetPackage>) -> Result<Target<'a>> {
+    /// The engine options these flags ask for (no drafter; callers add theirs).
+    pub fn engine_config(&self) -> Result<EngineConfig> {
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
-        let npu = NpuOptions {
-            kernels: self.kernels.clone(),
-            device: self.device,
+        if self.backend != BackendArg::Npu && self.kernels.is_some() {
+            bail!("--kernels only applies to --backend npu");
+        }
+        let mut config = EngineConfig::new(&self.model);
+        config.backend = match self.backend {
+            BackendArg::Cpu => Backend::Cpu,
+            BackendArg::Sim => Backend::Sim,
+            BackendArg::Npu => Backend::Npu {
+                kernels: self.kernels.clone(),
+                device: self.device,
+            },
         };
-        check_npu_options(self.backend, &npu)?;
-        let precision = self.precision.resolve(self.backend);
-        let cpu = CpuOptions {
-            kernel: self.kernel.resolve()?,
-            threads: self.threads,
-            precision,
-            head: self.head.kind(),
-            kv_type: self.kv_type.resolve(self.backend, precision),
-        };
-        Target::open(package, self.backend, cpu, &npu)
+        config.kernel = Some(self.kernel.resolve()?);
+        config.precision = self.precision.resolve(self.backend);
+        config.threads = self.threads;
+        config.head = self.head.kind();
+        config.kv_type = self.kv_type.resolve(self.backend, config.precision);
+        Ok(config)
+    }
+
+    /// Opens and checks the package (for commands that drive a target directly).
+    pub fn package(&self) -> Result<Arc<npu_runtime::TargetPackage>> {
+        Ok(Arc::new(npu_runtime::TargetPackage::open(&self.model)?))
+    }
+
+    /// A target over `package` on the chosen backend with these options.
+    pub fn target<'a>(
+        &self,
+        package: &'a Arc<npu_runtime::TargetPackage>,
+    ) -> Result<onebit_engine::Target<'a>> {
+        let c = self.engine_config()?;
+        let cpu = c.cpu_options(c.kernel.unwrap_or_else(Isa::detect));
+        Ok(onebit_engine::Target::open(package, &c.backend, cpu)?)
+    }
+
+    /// Loads an engine with these flags and `drafter`.
+    pub fn engine(
+        &self,
+        drafter: DrafterConfig,
+        draft_max: usize,
+        fixed_k: bool,
+    ) -> Result<Arc<Engine>> {
+        let mut config = self.engine_config()?;
+        config.drafter = drafter;
+        config.draft_max = draft_max;
+        config.fixed_k = fixed_k;
+        Ok(Engine::load(&config)?)
     }
 }
 
@@ -101,6 +133,7 @@ pub struct RunArgs {
     /// max_position_embeddings; more is refused). The KV cache grows with use.
     #[arg(long)]
     pub ctx_len: Option<usize>,
+
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temp: f32,
@@ -148,27 +181,6 @@ pub struct RunArgs {
     /// they are equal, and the speed-up.
     #[arg(long, requires = "lookup")]
     pub compare: bool,
-}
-
-/// The adaptive draft length's settings for `fixed_k`, with pass costs calibrated on
-/// `target` (before any layer taps are set), and the seconds the calibration took.
-pub fn adaptive_config(
-    fixed_k: bool,
-    target: &mut dyn Forward,
-    draft_max: usize,
-) -> Result<(Option<mtp::AdaptiveConfig>, f64)> {
-    if fixed_k || draft_max == 0 {
-        return Ok((None, 0.0));
-    }
-    let start = Instant::now();
-    let calibration = mtp::calibrate(target, draft_max + 1, 1)?;
-    Ok((
-        Some(mtp::AdaptiveConfig {
-            calibration: Some(calibration),
-            ..mtp::AdaptiveConfig::default()
-        }),
-        start.elapsed().as_secs_f64(),
-    ))
 }
 
 /// `--kernel` values.
@@ -226,6 +238,75 @@ impl PrecisionArg {
     }
 }
 
+/// `--head` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadArg {
+    Auto,
+    Tiles,
+    Embedding,
+    /// An int8 copy of the embedding (the default for re-quantized tied heads at q8).
+    EmbeddingInt8,
+}
+
+impl HeadArg {
+    /// The chosen head (auto keeps the package default).
+    pub fn kind(self) -> Option<HeadKind> {
+        match self {
+            HeadArg::Auto => None,
+            HeadArg::Tiles => Some(HeadKind::Tiles),
+            HeadArg::Embedding => Some(HeadKind::Embedding),
+            HeadArg::EmbeddingInt8 => Some(HeadKind::EmbeddingInt8),
+        }
+    }
+}
+
+/// The prompt `args` give: raw ids, a chat turn, or text (from standard input when
+/// neither --prompt nor --prompt-tokens is given).
+pub fn prompt(args: &RunArgs, engine: &Engine) -> Result<Prompt> {
+    if let Some(ids) = &args.prompt_tokens {
+        if ids.is_empty() {
+            bail!("run: --prompt-tokens is empty");
+        }
+        return Ok(Prompt::Tokens(ids.clone()));
+    }
+    if engine.text().is_none() {
+        bail!("run: no tokenizer.json in the package; use --prompt-tokens");
+    }
+    let prompt = match &args.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("run: cannot read the prompt from standard input")?;
+            s
+        }
+    };
+    if args.chat {
+        if engine.chat_template().is_none() {
+            bail!("run: --chat needs a chat_template in config.json");
+        }
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message::new("system", system.as_str()));
+        }
+        messages.push(Message::new("user", prompt.trim_end()));
+        return Ok(Prompt::Chat(messages));
+    }
+    Ok(Prompt::Text(prompt))
+}
+
+/// The drafter `args` ask for.
+fn drafter(args: &RunArgs) -> DrafterConfig {
+    match &args.draft {
+        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
+        None if args.lookup => DrafterConfig::Lookup {
+            ngram: args.lookup_ngram,
+        },
+        None => DrafterConfig::None,
+    }
+}
+
 /// `--kv-type` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvTypeArg {
@@ -260,151 +341,9 @@ impl KvTypeArg {
     }
 }
 
-/// `--head` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum HeadArg {
-    Auto,
-    Tiles,
-    Embedding,
-    /// An int8 copy of the embedding (the default for re-quantized tied heads at q8).
-    EmbeddingInt8,
-}
-
-impl HeadArg {
-    /// The chosen head (auto keeps the package default).
-    pub fn kind(self) -> Option<HeadKind> {
-        match self {
-            HeadArg::Auto => None,
-            HeadArg::Tiles => Some(HeadKind::Tiles),
-            HeadArg::Embedding => Some(HeadKind::Embedding),
-            HeadArg::EmbeddingInt8 => Some(HeadKind::EmbeddingInt8),
-        }
-    }
-}
-
-/// The prompt as token ids, and its text when there is one.
-pub fn prompt_ids(
-    args: &RunArgs,
-    package: &TargetPackage,
-    text: Option<&Text>,
-) -> Result<Vec<u32>> {
-    if let Some(ids) = &args.prompt_tokens {
-        if ids.is_empty() {
-            bail!("run: --prompt-tokens is empty");
-        }
-        return Ok(ids.clone());
-    }
-    let text = text.context("run: no tokenizer.json in the package; use --prompt-tokens")?;
-    let prompt = match &args.prompt {
-        Some(p) => p.clone(),
-        None => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("run: cannot read the prompt from standard input")?;
-            s
-        }
-    };
-    let ids = if args.chat {
-        let template = package
-            .config
-            .chat_template
-            .as_deref()
-            .context("run: --chat needs a chat_template in config.json")?;
-        let rendered = render_chat(template, args.system.as_deref(), prompt.trim_end(), "", "")?;
-        text.encode(&rendered, false)?
-    } else {
-        text.encode(&prompt, true)?
-    };
-    if ids.is_empty() {
-        bail!("run: the prompt is empty");
-    }
-    Ok(ids)
-}
-
-/// A draft head for `--draft DIR` over this target package.
-pub struct DraftSetup {
-    pub draft: dflash_draft::DraftModel,
-}
-
-impl DraftSetup {
-    /// Loads the draft package and checks it against the target.
-    pub fn open(
-        dir: &std::path::Path,
-        package: &TargetPackage,
-        target_dir: &std::path::Path,
-    ) -> Result<DraftSetup> {
-        let draft = dflash_draft::load_draft(dir)?;
-        draft.check_target(&dflash_draft::TargetShape {
-            name: target_dir.display().to_string(),
-            num_layers: package.config.num_layers,
-            hidden_size: package.config.hidden_size,
-            vocab_size: package.config.vocab_size,
-        })?;
-        Ok(DraftSetup { draft })
-    }
-}
-
-/// The statistics as JSON.
-pub fn stats_json(s: &mtp::Stats) -> serde_json::Value {
-    let passes: Vec<_> = s
-        .pass_costs
-        .points()
-        .iter()
-        .map(|&(rows, secs)| json!({"rows": rows, "ms": secs * 1e3}))
-        .collect();
-    json!({
-        "k_histogram": s.k_histogram,
-        "probes": s.probes,
-        "shadow_probes": s.shadow_probes,
-        "draft_share": s.draft_share(),
-        "pass_costs": passes,
-        "rounds": s.rounds,
-        "plain_steps": s.plain_steps,
-        "drafted": s.drafted,
-        "accepted": s.accepted,
-        "accepted_per_round": s.accepted_per_round,
-        "acceptance_by_position": s.acceptance_by_position(),
-        "tokens_per_round": s.tokens_per_round(),
-        "seconds": {"target": s.target_seconds, "draft": s.draft_seconds, "sampling": s.sampling_seconds},
-    })
-}
-
-/// One line of speculative statistics for a terminal.
-pub fn stats_line(s: &mtp::Stats) -> String {
-    let by_pos: Vec<String> = s
-        .acceptance_by_position()
-        .iter()
-        .map(|a| format!("{:.0}%", a * 100.0))
-        .collect();
-    let hist: Vec<String> = s
-        .k_histogram
-        .iter()
-        .enumerate()
-        .filter(|&(_, &n)| n > 0)
-        .map(|(k, n)| format!("{k}:{n}"))
-        .collect();
-    format!(
-        "{} rounds, {} plain steps, {}/{} drafts accepted, {:.2} tokens/round, acceptance by position {} | k chosen {} ({} probes, {} shadow) | time: target {:.2} s, draft {:.3} s ({:.1}%), sampling {:.3} s",
-        s.rounds,
-        s.plain_steps,
-        s.accepted,
-        s.drafted,
-        s.tokens_per_round(),
-        by_pos.join(" "),
-        hist.join(" "),
-        s.probes,
-        s.shadow_probes,
-        s.target_seconds,
-        s.draft_seconds,
-        100.0 * s.draft_share(),
-        s.sampling_seconds
-    )
-}
-
 /// The context in positions: `--ctx-len`, at most the model's `max_position_embeddings`
 /// (default: that).
-pub fn context_len(ctx_len: Option<usize>, package: &TargetPackage) -> Result<usize> {
+pub fn context_len(ctx_len: Option<usize>, package: &npu_runtime::TargetPackage) -> Result<usize> {
     let max = package.config.max_positions;
     match ctx_len {
         None => Ok(max),
@@ -422,7 +361,11 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 /// Tokens to generate: `--max-tokens`, refused (before any work, with both numbers) if
 /// the prompt plus it exceed the context; by default 256 clamped to what is left.
-pub fn max_tokens(args: &RunArgs, package: &TargetPackage, prompt: usize) -> Result<usize> {
+pub fn max_tokens(
+    args: &RunArgs,
+    package: &npu_runtime::TargetPackage,
+    prompt: usize,
+) -> Result<usize> {
     let ctx = context_len(args.ctx_len, package)?;
     match args.max_tokens {
         Some(m) if prompt + m > ctx => bail!(
@@ -437,20 +380,16 @@ pub fn max_tokens(args: &RunArgs, package: &TargetPackage, prompt: usize) -> Res
     }
 }
 
-/// The loop options `args` ask for (fixed k; `run` sets the adaptive settings), for a
-/// prompt of `prompt` tokens.
-fn run_options(args: &RunArgs, package: &TargetPackage, prompt: usize) -> Result<RunOptions> {
-    Ok(RunOptions {
-        adaptive: None,
-        max_tokens: max_tokens(args, package, prompt)?,
-        draft_max: args.draft_max,
-        stop_tokens: if args.ignore_eos {
-            Vec::new()
-        } else {
-            package.config.eos_token_ids.clone()
-        },
+/// The request `args` ask for, generating at most `max_tokens`.
+fn request(args: &RunArgs, prompt: Prompt, draft: DraftMode, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        max_tokens,
         sampling: sampling_config(args),
-    })
+        stop: Vec::new(),
+        ignore_eos: args.ignore_eos,
+        draft,
+    }
 }
 
 /// The sampling parameters `args` ask for (checked by [`SamplingConfig::check`]).
@@ -460,6 +399,77 @@ fn sampling_config(args: &RunArgs) -> SamplingConfig {
         top_p: args.top_p,
         seed: args.seed,
     }
+}
+
+/// The text of `ids`, or the ids themselves without a tokenizer.
+fn show(engine: &Engine, ids: &[u32]) -> String {
+    match engine.text() {
+        Some(t) => t.decode(ids).unwrap_or_default(),
+        None => format!("{ids:?}"),
+    }
+}
+
+/// A plain and a speculative completion of the same prompt, and what the speculative one
+/// drafted with.
+struct SideBySide {
+    plain: (Vec<u32>, f64),
+    spec: (Vec<u32>, f64, mtp::Stats),
+    prompt: Vec<u32>,
+}
+
+/// `--oracle RULE`: plain decoding through the engine, then an oracle drafter that
+/// knows that continuation, run by the loop directly on a fresh session's target (an
+/// oracle is a measuring device, not a drafter a request can ask for).
+fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>) -> Result<SideBySide> {
+    let prompt = engine.tokenize(&prompt(args, engine)?)?;
+    let max = max_tokens(args, engine.package(), prompt.len())?;
+    let mut session = engine.session()?;
+    let plain = session.generate(
+        &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Off, max),
+        &mut onebit_engine::NullSink,
+        &CancelFlag::new(),
+    )?;
+    let mut stream = prompt.clone();
+    stream.extend(&plain.tokens);
+    let mut head = mtp::OracleHead::new(
+        stream,
+        engine.package().config.vocab_size,
+        mtp::OracleRule::parse(rule).expect("clap checked"),
+    );
+    let mut session = engine.session()?;
+    let target = session.target();
+    let adaptive = if args.fixed_k || args.draft_max == 0 {
+        None
+    } else {
+        Some(mtp::AdaptiveConfig {
+            calibration: Some(mtp::calibrate(target, args.draft_max + 1, 1)?),
+            ..mtp::AdaptiveConfig::default()
+        })
+    };
+    let options = mtp::RunOptions {
+        max_tokens: max,
+        draft_max: args.draft_max,
+        stop_tokens: if args.ignore_eos {
+            Vec::new()
+        } else {
+            engine.package().config.eos_token_ids.clone()
+        },
+        sampling: sampling_config(args),
+        adaptive,
+    };
+    let start = Instant::now();
+    let spec = mtp::run(target, Some(&mut head), &prompt, &options, &mut |_| true)?;
+    let spec_secs = start.elapsed().as_secs_f64();
+    Ok(SideBySide {
+        plain: (plain.tokens.clone(), seconds(&plain)),
+        spec: (spec.tokens, spec_secs, spec.stats),
+        prompt,
+    })
+}
+
+/// A completion's whole time, prefill included.
+fn seconds(c: &Completion) -> f64 {
+    (c.timings.prompt_ms + c.timings.predicted_ms) / 1e3
 }
 
 /// `--oracle RULE` (`rule`) or `--lookup --compare` (`None`): plain and speculative
@@ -473,67 +483,69 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
     if args.temp > 0.0 {
         bail!("run: {flag} compares greedy decodings; drop --temp");
     }
-    let package = args.target.package()?;
-    let text = Text::open(&args.target.model).ok();
-    let prompt = prompt_ids(args, &package, text.as_ref())?;
-    let mut options = run_options(args, &package, prompt.len())?;
-    let show = |ids: &[u32]| -> String {
-        match &text {
-            Some(t) => t.decode(ids).unwrap_or_default(),
-            None => format!("{ids:?}"),
-        }
+    let engine = match rule {
+        Some(_) => args
+            .target
+            .engine(DrafterConfig::None, args.draft_max, args.fixed_k)?,
+        None => args
+            .target
+            .engine(drafter(args), args.draft_max, args.fixed_k)?,
     };
-    let mut target = args.target.target(&package)?;
-    let start = Instant::now();
-    let plain = mtp::run(&mut target, None, &prompt, &options, &mut |_| true)?;
-    let plain_secs = start.elapsed().as_secs_f64();
-    let mut stream = prompt.clone();
-    stream.extend(&plain.tokens);
-    let mut head: Box<dyn mtp::DraftHead> = match rule {
-        Some(rule) => Box::new(mtp::OracleHead::new(
-            stream,
-            package.config.vocab_size,
-            mtp::OracleRule::parse(rule).expect("clap checked"),
-        )),
-        None => Box::new(mtp::LookupHead::new(args.lookup_ngram)),
+    let runs = match rule {
+        Some(rule) => oracle_runs(args, rule, &engine)?,
+        None => {
+            let prompt = engine.tokenize(&prompt(args, &engine)?)?;
+            let max = max_tokens(args, engine.package(), prompt.len())?;
+            let mut session = engine.session()?;
+            let tokens = Prompt::Tokens(prompt.clone());
+            let plain = session.generate(
+                &request(args, tokens.clone(), DraftMode::Off, max),
+                &mut onebit_engine::NullSink,
+                &CancelFlag::new(),
+            )?;
+            session.reset();
+            let spec = session.generate(
+                &request(args, tokens, DraftMode::Auto, max),
+                &mut onebit_engine::NullSink,
+                &CancelFlag::new(),
+            )?;
+            SideBySide {
+                plain: (plain.tokens.clone(), seconds(&plain)),
+                spec: (spec.tokens.clone(), seconds(&spec), spec.stats),
+                prompt,
+            }
+        }
     };
     let drafter = match rule {
         Some(rule) => format!("oracle ({rule})"),
         None => format!("lookup (n-grams up to {})", args.lookup_ngram),
     };
-    let mut target = args.target.target(&package)?;
-    let calibration_seconds;
-    (options.adaptive, calibration_seconds) =
-        adaptive_config(args.fixed_k, &mut target, args.draft_max)?;
-    let k_rule = match options.adaptive {
-        Some(_) => format!("adaptive k <= {}", args.draft_max),
-        None => format!("k = {}", args.draft_max),
+    let adaptive = !args.fixed_k && args.draft_max > 0;
+    let calibration_seconds = engine.calibration_seconds();
+    let k_rule = if adaptive {
+        format!("adaptive k <= {}", args.draft_max)
+    } else {
+        format!("k = {}", args.draft_max)
     };
-    let start = Instant::now();
-    let spec = mtp::run(
-        &mut target,
-        Some(&mut *head),
-        &prompt,
-        &options,
-        &mut |_| true,
-    )?;
-    let spec_secs = start.elapsed().as_secs_f64();
+    let (plain, plain_secs) = &runs.plain;
+    let (spec, spec_secs, stats) = &runs.spec;
     let (p_tps, s_tps) = (
-        plain.tokens.len() as f64 / plain_secs,
-        spec.tokens.len() as f64 / spec_secs,
+        plain.len() as f64 / plain_secs,
+        spec.len() as f64 / spec_secs,
     );
-    let equal = plain.tokens == spec.tokens;
+    let equal = plain == spec;
+    let info = engine.info();
     if args.json {
         println!(
             "{}",
             json!({
-                "prompt_tokens": prompt,
+                "prompt_tokens": runs.prompt,
                 "drafter": drafter,
-                "adaptive": options.adaptive.is_some(),
+                "adaptive": adaptive,
                 "draft_max": args.draft_max,
                 "calibration_seconds": calibration_seconds,
-                "plain": {"tokens": plain.tokens, "text": show(&plain.tokens), "seconds": plain_secs, "tokens_per_second": p_tps},
-                "speculative": {"tokens": spec.tokens, "text": show(&spec.tokens), "seconds": spec_secs, "tokens_per_second": s_tps, "stats": stats_json(&spec.stats)},
+                "plain": {"tokens": plain, "text": show(&engine, plain), "seconds": plain_secs, "tokens_per_second": p_tps},
+                "speculative": {"tokens": spec, "text": show(&engine, spec), "seconds": spec_secs, "tokens_per_second": s_tps, "stats": stats_json(stats)},
                 "speedup_vs_plain": s_tps / p_tps,
                 "texts_equal": equal,
             })
@@ -541,27 +553,27 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
     } else {
         println!(
             "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s, {} threads, {} kernel, {} precision)",
-            plain.tokens.len(),
-            target.threads(),
-            target.kernel().name(),
-            target.precision().name()
+            plain.len(),
+            info.threads,
+            info.kernel,
+            info.precision.name()
         );
-        println!("{}", show(&plain.tokens));
+        println!("{}", show(&engine, plain));
         let what = match rule {
             Some(rule) => format!("an ORACLE ({rule}) that knows the plain continuation — not a trained draft; it measures the engine's round cost, an upper bound"),
             None => format!("prompt lookup (n-grams up to {}; no model, no oracle)", args.lookup_ngram),
         };
         println!(
             "── speculative decoding, {k_rule}, drafter: {what} ({} tokens, {s_tps:.1} tok/s, {:.2}x)",
-            spec.tokens.len(),
+            spec.len(),
             s_tps / p_tps
         );
-        println!("{}", show(&spec.tokens));
+        println!("{}", show(&engine, spec));
         println!(
             "── texts equal: {} | speed-up {:.2}x | {}{}",
             if equal { "yes" } else { "NO" },
             s_tps / p_tps,
-            stats_line(&spec.stats),
+            stats_line(stats),
             if calibration_seconds > 0.0 {
                 format!(" | pass costs calibrated at load in {calibration_seconds:.2} s")
             } else {
@@ -584,90 +596,61 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.compare {
         return side_by_side(args, None);
     }
-    let package = args.target.package()?;
-    let text = Text::open(&args.target.model).ok();
-    let prompt = prompt_ids(args, &package, text.as_ref())?;
-    // The context refusal comes before the model is loaded.
-    let mut options = run_options(args, &package, prompt.len())?;
-    let mut target = args.target.target(&package)?;
-    let speculative = args.draft.is_some() || args.lookup;
-    // Calibrated before the draft's layer taps are set (the passes would write tap rows).
-    let (adaptive, calibration_seconds) = if speculative {
-        adaptive_config(args.fixed_k, &mut target, args.draft_max)?
-    } else {
-        (None, 0.0)
-    };
-    options.adaptive = adaptive;
-    let draft = match &args.draft {
-        Some(dir) => Some(DraftSetup::open(dir, &package, &args.target.model)?),
-        None => None,
-    };
-    let weights = match &draft {
-        Some(d) => Some(d.draft.weights()?),
-        None => None,
-    };
-    let sink = std::sync::Arc::new(std::sync::Mutex::new(npu_runtime::TapRows::new(0)));
-    let mut head: Option<Box<dyn mtp::DraftHead>> = match (&draft, &weights) {
-        (Some(d), Some(w)) => {
-            target.set_layer_taps(&d.draft.config.target_layer_ids, sink.clone())?;
-            let hooks = target.draft_hooks(&package)?;
-            Some(Box::new(mtp::DFlashHead::new(
-                w,
-                Box::new(hooks),
-                sink.clone(),
-            )))
-        }
-        _ if args.lookup => Some(Box::new(mtp::LookupHead::new(args.lookup_ngram))),
-        _ => None,
-    };
-
+    if args.prompt.is_none()
+        && args.prompt_tokens.is_none()
+        && !args.json
+        && std::io::stdin().is_terminal()
+    {
+        return interactive(args);
+    }
+    let engine = args
+        .target
+        .engine(drafter(args), args.draft_max, args.fixed_k)?;
+    let prompt_ids = engine.tokenize(&prompt(args, &engine)?)?;
+    // The context refusal comes before any generation.
+    let max = max_tokens(args, engine.package(), prompt_ids.len())?;
+    let mut session = engine.session()?;
+    let speculative = engine.drafting();
     let stdout = std::io::stdout();
-    let mut stream = StreamDecoder::default();
-    let mut first_token_at = None;
-    let start = Instant::now();
-    let mut on_token = |t: u32| -> bool {
-        first_token_at.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        if !args.json {
-            if let Some(tx) = &text {
-                if let Ok(piece) = stream.push(tx, t) {
-                    let mut lock = stdout.lock();
-                    let _ = lock.write_all(piece.as_bytes());
-                    let _ = lock.flush();
-                }
+    let stream = !args.json && engine.text().is_some();
+    let mut print = |e: Event<'_>| {
+        if let (true, Event::Token { text, .. } | Event::Text(text)) = (stream, e) {
+            if !text.is_empty() {
+                let mut lock = stdout.lock();
+                let _ = lock.write_all(text.as_bytes());
+                let _ = lock.flush();
             }
         }
-        true
+        ControlFlow::Continue(())
     };
-    let out = match head.as_mut() {
-        Some(h) => mtp::run(
-            &mut target,
-            Some(&mut **h),
-            &prompt,
-            &options,
-            &mut on_token,
-        )?,
-        None => mtp::run(&mut target, None, &prompt, &options, &mut on_token)?,
-    };
-    let total = start.elapsed().as_secs_f64();
-    let prefill = first_token_at.unwrap_or(total);
-    let decode = total - prefill;
-    // Decode rate: tokens after the first (which comes from the prefill pass).
-    let decode_tps = out.tokens.len().saturating_sub(1) as f64 / decode.max(1e-9);
-    let prefill_tps = prompt.len() as f64 / prefill.max(1e-9);
-    let generated = match &text {
-        Some(t) => t.decode(&out.tokens)?,
-        None => String::new(),
-    };
+    let out = session.generate(
+        &request(
+            args,
+            Prompt::Tokens(prompt_ids.clone()),
+            DraftMode::Auto,
+            max,
+        ),
+        &mut print,
+        &CancelFlag::new(),
+    )?;
+    let prefill = out.timings.prompt_ms / 1e3;
+    let decode = out.timings.predicted_ms / 1e3;
+    let decode_tps = out.decode_tokens_per_second();
+    let prefill_tps = out.prompt_tokens_per_second();
     let stop_reason = match out.stop {
-        StopReason::MaxTokens => "max_tokens",
-        StopReason::StopToken => "eos",
-        StopReason::Callback => "callback",
+        onebit_engine::StopReason::Length => "max_tokens",
+        onebit_engine::StopReason::Eos => "eos",
+        onebit_engine::StopReason::StopString(_) => "stop",
+        onebit_engine::StopReason::Cancelled => "callback",
     };
+    let info = engine.info();
+    let calibration_seconds = engine.calibration_seconds();
+    let drafter_name = if args.lookup { "lookup" } else { "dflash" };
     if args.json {
         let mut obj = json!({
-            "prompt_tokens": prompt,
+            "prompt_tokens": prompt_ids,
             "tokens": out.tokens,
-            "text": generated,
+            "text": out.text,
             "stop_reason": stop_reason,
             "timings": {
                 "prefill_seconds": prefill,
@@ -675,17 +658,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 "decode_seconds": decode,
                 "decode_tokens_per_second": decode_tps,
             },
-            "backend": target.backend(),
-            "kernel": target.kernel().name(),
-            "precision": target.precision().name(),
-            "kv_type": target.kv_type().name(),
-            "head": target.head().name(),
-            "threads": target.threads(),
+            "backend": info.backend,
+            "kernel": info.kernel,
+            "precision": info.precision.name(),
+            "kv_type": info.kv_type.name(),
+            "head": info.head.name(),
+            "threads": info.threads,
         });
         if speculative {
             let mut s = stats_json(&out.stats);
-            s["drafter"] = json!(if args.lookup { "lookup" } else { "dflash" });
-            s["adaptive"] = json!(options.adaptive.is_some());
+            s["drafter"] = json!(drafter_name);
+            s["adaptive"] = json!(engine.adaptive());
             s["draft_max"] = json!(args.draft_max);
             s["calibration_seconds"] = json!(calibration_seconds);
             // Plain decoding's rate in this run: one 1-row pass a token (its timed
@@ -698,22 +681,22 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
         println!("{obj}");
     } else {
-        if text.is_none() {
+        if engine.text().is_none() {
             println!("{:?}", out.tokens);
         } else {
             println!();
         }
         eprintln!(
             "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} KV, {} head]",
-            prompt.len(),
+            out.prompt_tokens,
             prefill_tps,
             out.tokens.len(),
             decode_tps,
-            target.threads(),
-            target.kernel().name(),
-            target.precision().name(),
-            target.kv_type().name(),
-            target.head().name()
+            info.threads,
+            info.kernel,
+            info.precision.name(),
+            info.kv_type.name(),
+            info.head.name()
         );
         if speculative {
             let estimate = match out.stats.pass_costs.cost(1) {
@@ -725,18 +708,120 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 None => String::new(),
             };
             eprintln!(
-                "[speculative ({}, {}): {}{estimate}]",
-                if args.lookup { "lookup" } else { "dflash" },
-                match options.adaptive {
-                    Some(_) => format!(
+                "[speculative ({drafter_name}, {}): {}{estimate}]",
+                if engine.adaptive() {
+                    format!(
                         "adaptive k <= {}, calibrated in {calibration_seconds:.2} s",
                         args.draft_max
-                    ),
-                    None => format!("k = {}", args.draft_max),
+                    )
+                } else {
+                    format!("k = {}", args.draft_max)
                 },
                 stats_line(&out.stats)
             );
         }
     }
     Ok(())
+}
+
+/// `onebit run` with no prompt on a terminal: a multi-turn chat. The history is kept
+/// and the session's KV cache reused across turns (only each new turn is prefilled);
+/// Ctrl-C stops a reply (and quits at the prompt); `/exit` or end of input quits.
+fn interactive(args: &RunArgs) -> Result<()> {
+    let mut config = args.target.engine_config()?;
+    config.drafter = drafter(args);
+    config.draft_max = args.draft_max;
+    config.fixed_k = args.fixed_k;
+    // Each turn must fit the context (the engine caps it at the model's positions).
+    config.ctx_len = Some(args.ctx_len.unwrap_or(usize::MAX));
+    let engine = Engine::load(&config)?;
+    if engine.text().is_none() {
+        bail!("run: an interactive chat needs the package's tokenizer.json");
+    }
+    let mut session = engine.session()?;
+    let current: Arc<std::sync::Mutex<Option<CancelFlag>>> = Arc::default();
+    {
+        let current = current.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("run: cannot watch for Ctrl-C")?;
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                loop {
+                    if tokio::signal::ctrl_c().await.is_err() {
+                        return;
+                    }
+                    match current.lock().expect("cancel lock").as_ref() {
+                        Some(flag) => flag.cancel(),
+                        None => {
+                            eprintln!();
+                            std::process::exit(130);
+                        }
+                    }
+                }
+            })
+        });
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::new("system", system.as_str()));
+    }
+    eprintln!(
+        "onebit: chatting with {} (/exit or end of input quits; Ctrl-C stops a reply)",
+        onebit_engine::model_name(&args.target.model)
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!(">>> ");
+        let _ = std::io::stderr().flush();
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let text = line.trim();
+        if text == "/exit" || text == "/bye" {
+            return Ok(());
+        }
+        if text.is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", text));
+        let cancel = CancelFlag::new();
+        *current.lock().expect("cancel lock") = Some(cancel.clone());
+        let stdout = std::io::stdout();
+        let mut print = |e: Event<'_>| {
+            let (Event::Token { text, .. } | Event::Text(text)) = e;
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(text.as_bytes());
+            let _ = lock.flush();
+            ControlFlow::Continue(())
+        };
+        // The engine refuses a turn that no longer fits the context (set at load).
+        let max = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let request = request(args, Prompt::Chat(messages.clone()), DraftMode::Auto, max);
+        let result = session.generate(&request, &mut print, &cancel);
+        *current.lock().expect("cancel lock") = None;
+        println!();
+        match result {
+            Ok(done) => {
+                eprintln!(
+                    "[{} tokens, {:.1} tok/s | prompt {} tokens, {} reused, first token in {:.0} ms | stop: {}]",
+                    done.tokens.len(),
+                    done.decode_tokens_per_second(),
+                    done.prompt_tokens,
+                    done.cached_tokens,
+                    done.timings.prompt_ms,
+                    done.stop.name()
+                );
+                messages.push(Message::new("assistant", done.text));
+            }
+            Err(e) => {
+                eprintln!("onebit: error: {e}");
+                messages.pop();
+            }
+        }
+    }
 }

@@ -312,3 +312,74 @@ fn bench_context_mode() {
             "bench: 240 prompt tokens + 4 decode steps + a 16-row pass need 260 positions, more than the context of 256",
         ));
 }
+
+/// `onebit run` with no prompt on a terminal chats turn by turn, reusing the KV cache
+/// (the second turn reports reused prompt tokens); `/exit` quits. The terminal is a
+/// pseudo-terminal from util-linux `script`.
+#[test]
+fn interactive_run_chats_over_turns_on_a_terminal() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        test_support::skip!(
+            "interactive_run_chats_over_turns_on_a_terminal",
+            "util-linux `script` (a pseudo-terminal) is not installed"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("tiny");
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
+        .arg(&pkg)
+        .assert()
+        .success();
+    let command = format!(
+        "{} run --model {} --max-tokens 6 --threads 1",
+        env!("CARGO_BIN_EXE_onebit"),
+        pkg.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .write_stdin_lines(&["Hello there", "And again", "/exit"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("onebit: chatting with tiny"), "{text}");
+    let turns: Vec<&str> = text.lines().filter(|l| l.contains(" tokens, ")).collect();
+    assert_eq!(turns.len(), 2, "{text}");
+    assert!(turns[0].contains(", 0 reused"), "{text}");
+    assert!(
+        !turns[1].contains(", 0 reused"),
+        "the second turn reuses the first: {text}"
+    );
+}
+
+/// Feeds lines to a child's standard input, slowly enough for a terminal program to
+/// read them one turn at a time, and collects its output.
+trait WriteStdinLines {
+    fn write_stdin_lines(&mut self, lines: &[&str]) -> std::process::Output;
+}
+
+impl WriteStdinLines for std::process::Command {
+    fn write_stdin_lines(&mut self, lines: &[&str]) -> std::process::Output {
+        use std::io::Write;
+        let mut child = self
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for line in lines {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            writeln!(stdin, "{line}").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    }
+}

@@ -1,0 +1,884 @@
+//! # onebit-engine
+//!
+//! The generation layer between the model crates and the front ends (`onebit run`,
+//! `onebit bench`, `onebit serve`). It owns what a front end must not re-implement:
+//!
+//! - [`Engine::load`]: the target package (checked once), its backend, the tokenizer
+//!   (a corrupt `tokenizer.json` is an error, never "no tokenizer"), the chat template,
+//!   the drafter (a DFlash draft package checked against the target, or prompt lookup)
+//!   and the adaptive draft length's pass costs, timed once at load.
+//! - [`Engine::session`]: per-sequence state — the target's KV cache, the tap sink a
+//!   DFlash draft reads, and the token history. A [`Session`] is `'static + Send`, so a
+//!   server moves it into a blocking thread.
+//! - [`Session::generate`]: one request ([`Request`]: a prompt, chat messages or token
+//!   ids; max tokens; sampling; stop strings; drafting on or off) streamed to a [`Sink`]
+//!   that can stop it, checked for cancellation ([`CancelFlag`]) between prefill chunks
+//!   and between tokens, detokenized incrementally (bounded work per token, UTF-8
+//!   sequences split across tokens held back), with stop strings held back until they
+//!   cannot match. It returns a [`Completion`]: tokens, text, [`StopReason`], timings and
+//!   the speculative statistics. A failing drafter is an error, not plain decoding.
+//!
+//! **Prefix reuse**: a session keeps its KV cache and the tokens it holds; a request
+//! whose prompt starts with them (the next turn of a chat) runs only the new tokens
+//! ([`Completion::cached_tokens`]); otherwise the cache is cut back to the common prefix.
+//! The KV cache, the tap sink and the history always describe the same positions; a
+//! failed generation resets the session rather than leave them out of step.
+//!
+//! ```no_run
+//! use onebit_engine::{CancelFlag, Engine, EngineConfig, Event, Prompt, Request};
+//! use std::ops::ControlFlow;
+//!
+//! let engine = Engine::load(&EngineConfig::new("target/models/smollm2"))?;
+//! let mut session = engine.session()?;
+//! let request = Request::new(Prompt::chat_user("Write a haiku."), 64);
+//! let mut print = |e: Event<'_>| {
+//!     if let Event::Token { text, .. } | Event::Text(text) = e {
+//!         print!("{text}");
+//!     }
+//!     ControlFlow::Continue(())
+//! };
+//! let done = session.generate(&request, &mut print, &CancelFlag::new())?;
+//! println!("\n{:?}, {:.1} tok/s", done.stop, done.decode_tokens_per_second());
+//! # Ok::<(), onebit_engine::EngineError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod error;
+mod report;
+mod text;
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use npu_runtime::kernels::Isa;
+use npu_runtime::{
+    CpuModel, CpuOptions, Forward, HeadKind, KvType, Precision, TapRows, TapSink, TargetPackage,
+};
+
+pub use backend::{Backend, Target};
+pub use error::{EngineError, Result};
+pub use report::{stats_json, stats_line};
+pub use text::{
+    render_chat, Detokenizer, Message, StopMatcher, StopScan, Text, FALLBACK_CHAT_TEMPLATE,
+};
+
+/// Prompt positions run per prefill pass; cancellation is checked between them.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Which drafter speculative decoding uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DrafterConfig {
+    /// None: plain decoding.
+    #[default]
+    None,
+    /// Prompt lookup (no model) with suffix n-grams up to `ngram`.
+    Lookup {
+        /// The longest suffix n-gram matched.
+        ngram: usize,
+    },
+    /// A DFlash draft package (checked against the target at load).
+    DFlash {
+        /// The draft package directory.
+        dir: PathBuf,
+    },
+}
+
+/// How to load an [`Engine`].
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The target package directory (config.json, model.q4nx, tokenizer.json).
+    pub model: PathBuf,
+    /// Where the target runs.
+    pub backend: Backend,
+    /// The CPU kernel variant (`None`: the fastest this CPU has).
+    pub kernel: Option<Isa>,
+    /// The projections' precision (the CPU backend's default is [`Precision::auto`]).
+    pub precision: Precision,
+    /// Worker threads (`None`: all cores).
+    pub threads: Option<usize>,
+    /// The head (`None`: the package's default at this precision).
+    pub head: Option<HeadKind>,
+    /// The KV cache's storage (the CPU backend's default at the integer precisions is
+    /// bf16; the NPU backends keep f32).
+    pub kv_type: KvType,
+    /// The drafter.
+    pub drafter: DrafterConfig,
+    /// Drafts per round at most (k).
+    pub draft_max: usize,
+    /// Draft `draft_max` every round instead of choosing k from the timed costs.
+    pub fixed_k: bool,
+    /// The context size a request must fit (prompt + max tokens); `None`: no check.
+    /// Capped at the model's `max_position_embeddings`.
+    pub ctx_len: Option<usize>,
+}
+
+impl EngineConfig {
+    /// The CPU options these settings mean (the kernel already resolved).
+    pub fn cpu_options(&self, kernel: Isa) -> CpuOptions {
+        CpuOptions {
+            kernel,
+            threads: self.threads,
+            precision: self.precision,
+            head: self.head,
+            kv_type: self.kv_type,
+        }
+    }
+
+    /// Defaults for `model`: CPU, all cores, the default precision and head, no drafter.
+    pub fn new(model: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig {
+            model: model.into(),
+            backend: Backend::Cpu,
+            kernel: None,
+            precision: Precision::auto(),
+            threads: None,
+            head: None,
+            kv_type: KvType::Bf16,
+            drafter: DrafterConfig::None,
+            draft_max: 7,
+            fixed_k: false,
+            ctx_len: None,
+        }
+    }
+}
+
+/// The loaded draft package. Its weights borrow the mapped package, and every session's
+/// drafter borrows the weights, so it stays mapped for the rest of the process (an
+/// engine is loaded once per process by every front end).
+struct LoadedDraft {
+    model: &'static dflash_draft::DraftModel,
+    weights: &'static dflash_draft::DraftWeights<'static>,
+}
+
+/// What runs the target, for reports.
+#[derive(Clone, Debug)]
+pub struct TargetInfo {
+    /// The backend (`cpu`, `sim: ...`, `npu: ...`).
+    pub backend: String,
+    /// The CPU kernel variant.
+    pub kernel: String,
+    /// The projections' precision.
+    pub precision: Precision,
+    /// The head in use.
+    pub head: HeadKind,
+    /// The KV cache's storage.
+    pub kv_type: KvType,
+    /// Worker threads.
+    pub threads: usize,
+    /// Weight bytes one pass reads.
+    pub weight_bytes_per_pass: usize,
+}
+
+/// What sessions share.
+enum Shared {
+    /// The CPU backend: one model (weights, repacked forms, head, thread team).
+    Cpu(Arc<CpuModel>),
+    /// The NPU backends' targets borrow the package, which therefore stays mapped for
+    /// the rest of the process.
+    Borrowed(&'static Arc<TargetPackage>),
+}
+
+/// A loaded model, shared by its sessions.
+pub struct Engine {
+    config: EngineConfig,
+    package: Arc<TargetPackage>,
+    shared: Shared,
+    text: Option<Text>,
+    draft: Option<LoadedDraft>,
+    adaptive: Option<mtp::AdaptiveConfig>,
+    calibration_seconds: f64,
+    ctx_len: Option<usize>,
+    kernel: Isa,
+    info: TargetInfo,
+    /// The target opened at load (calibrated there), handed to the first session.
+    spare: Mutex<Option<Target<'static>>>,
+    load_seconds: f64,
+}
+
+/// Keeps `value` for the rest of the process (what borrowing targets and drafters need).
+fn keep<T>(value: T) -> &'static T {
+    Box::leak(Box::new(value))
+}
+
+impl Engine {
+    /// Opens and checks the target package, its tokenizer and chat template, the
+    /// drafter, and a first target (timing the pass costs for the adaptive draft length).
+    pub fn load(config: &EngineConfig) -> Result<Arc<Engine>> {
+        let start = Instant::now();
+        if config.threads == Some(0) {
+            return Err(EngineError::Invalid("--threads must be at least 1".into()));
+        }
+        let package = Arc::new(TargetPackage::open(&config.model)?);
+        let text = Text::open(&config.model)?;
+        let draft = match &config.drafter {
+            DrafterConfig::DFlash { dir } => {
+                let model = dflash_draft::load_draft(dir)?;
+                model.check_target(&dflash_draft::TargetShape {
+                    name: config.model.display().to_string(),
+                    num_layers: package.config.num_layers,
+                    hidden_size: package.config.hidden_size,
+                    vocab_size: package.config.vocab_size,
+                })?;
+                let model = keep(model);
+                Some(LoadedDraft {
+                    weights: keep(model.weights()?),
+                    model,
+                })
+            }
+            _ => None,
+        };
+        let kernel = match config.kernel {
+            Some(k) => k,
+            None => Isa::detect(),
+        };
+        let (shared, mut target) = match config.backend {
+            Backend::Cpu => {
+                let model = CpuModel::load(package.clone(), config.cpu_options(kernel))?;
+                let target = Target::Cpu(model.session());
+                (Shared::Cpu(model), target)
+            }
+            _ => {
+                let package = keep(package.clone());
+                let target = Target::open(package, &config.backend, config.cpu_options(kernel))?;
+                (Shared::Borrowed(package), target)
+            }
+        };
+        // Calibrated before any layer taps are set (the passes would write tap rows).
+        let drafting = config.drafter != DrafterConfig::None;
+        let (adaptive, calibration_seconds) = if drafting && !config.fixed_k && config.draft_max > 0
+        {
+            let t = Instant::now();
+            let costs = mtp::calibrate(&mut target, config.draft_max + 1, 1)?;
+            (
+                Some(mtp::AdaptiveConfig {
+                    calibration: Some(costs),
+                    ..mtp::AdaptiveConfig::default()
+                }),
+                t.elapsed().as_secs_f64(),
+            )
+        } else {
+            (None, 0.0)
+        };
+        let info = TargetInfo {
+            backend: target.backend(),
+            kernel: target.kernel().name(),
+            precision: target.precision(),
+            head: target.head(),
+            kv_type: target.kv_type(),
+            threads: target.threads(),
+            weight_bytes_per_pass: target.weight_bytes_per_pass(),
+        };
+        let ctx_len = config.ctx_len.map(|n| n.min(package.config.max_positions));
+        Ok(Arc::new(Engine {
+            config: config.clone(),
+            package,
+            shared,
+            text,
+            draft,
+            adaptive,
+            calibration_seconds,
+            ctx_len,
+            kernel,
+            info,
+            spare: Mutex::new(Some(target)),
+            load_seconds: start.elapsed().as_secs_f64(),
+        }))
+    }
+
+    /// A new session (its own KV cache) over this model.
+    pub fn session(self: &Arc<Engine>) -> Result<Session> {
+        let spare = self.spare.lock().expect("engine lock poisoned").take();
+        let mut target = match (spare, &self.shared) {
+            (Some(t), _) => t,
+            (None, Shared::Cpu(model)) => Target::Cpu(model.session()),
+            (None, Shared::Borrowed(package)) => Target::open(
+                package,
+                &self.config.backend,
+                self.config.cpu_options(self.kernel),
+            )?,
+        };
+        let sink: TapSink = Arc::new(Mutex::new(TapRows::new(0)));
+        if let Some(d) = &self.draft {
+            target.set_layer_taps(&d.model.config.target_layer_ids, sink.clone())?;
+        }
+        Ok(Session {
+            engine: self.clone(),
+            target,
+            taps: sink,
+            history: Vec::new(),
+        })
+    }
+
+    /// The loading options.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The target package (config and mapped weights).
+    pub fn package(&self) -> &Arc<TargetPackage> {
+        &self.package
+    }
+
+    /// The tokenizer, when the package has one.
+    pub fn text(&self) -> Option<&Text> {
+        self.text.as_ref()
+    }
+
+    /// The package's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.package.config.chat_template.as_deref()
+    }
+
+    /// What runs the target.
+    pub fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    /// The context size requests must fit, if one was set.
+    pub fn ctx_len(&self) -> Option<usize> {
+        self.ctx_len
+    }
+
+    /// The DFlash draft's configuration, when that is the drafter.
+    pub fn draft_config(&self) -> Option<&dflash_draft::DraftConfig> {
+        self.draft.as_ref().map(|d| &d.model.config)
+    }
+
+    /// Whether a drafter is configured.
+    pub fn drafting(&self) -> bool {
+        self.config.drafter != DrafterConfig::None
+    }
+
+    /// Whether the draft length adapts (a drafter with calibrated pass costs).
+    pub fn adaptive(&self) -> bool {
+        self.adaptive.is_some()
+    }
+
+    /// Seconds the pass-cost calibration took at load (0 without adaptive k).
+    pub fn calibration_seconds(&self) -> f64 {
+        self.calibration_seconds
+    }
+
+    /// Seconds [`Engine::load`] took.
+    pub fn load_seconds(&self) -> f64 {
+        self.load_seconds
+    }
+
+    /// The prompt as token ids (chat messages through the package's template, or the
+    /// ChatML fallback when it has none).
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let ids = match prompt {
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Text(s) => self
+                .text
+                .as_ref()
+                .ok_or(EngineError::NoTokenizer)?
+                .encode(s, true)?,
+            Prompt::Chat(messages) => {
+                let text = self.text.as_ref().ok_or(EngineError::NoTokenizer)?;
+                let template = self.chat_template().unwrap_or(FALLBACK_CHAT_TEMPLATE);
+                text.encode(&render_chat(template, messages)?, false)?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.package.config.vocab_size;
+        // The target's own refusal, before anything runs.
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::Target(
+                npu_runtime::TargetError::TokenOutOfRange { token: bad, vocab },
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Refuses a prompt of `prompt` tokens plus `max_tokens` that does not fit the
+    /// context (when one is set).
+    pub fn check_fits(&self, prompt: usize, max_tokens: usize) -> Result<()> {
+        match self.ctx_len {
+            Some(ctx) if prompt + max_tokens > ctx => Err(EngineError::ContextOverflow {
+                prompt,
+                max_tokens,
+                ctx,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The text of `ids` (empty without a tokenizer).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match &self.text {
+            Some(t) => t.decode(ids),
+            None => Ok(String::new()),
+        }
+    }
+}
+
+/// What to generate from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text, tokenized with the tokenizer's special tokens (BOS).
+    Text(String),
+    /// Chat messages, rendered by the chat template with the assistant turn opened.
+    Chat(Vec<Message>),
+    /// Token ids as they are.
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// One user turn.
+    pub fn chat_user(text: impl Into<String>) -> Prompt {
+        Prompt::Chat(vec![Message::new("user", text)])
+    }
+}
+
+/// Whether a request drafts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftMode {
+    /// The engine's drafter, if it has one.
+    #[default]
+    Auto,
+    /// Plain decoding.
+    Off,
+    /// The engine's drafter, drafting exactly k tokens every round (no adaptive k).
+    Fixed(usize),
+}
+
+/// One generation.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Greedy or sampled (checked by [`mtp::SamplingConfig::check`]).
+    pub sampling: mtp::SamplingConfig,
+    /// Text that ends the output (not included in it).
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Drafting on or off.
+    pub draft: DraftMode,
+}
+
+impl Request {
+    /// Greedy, no stop strings, the engine's drafter.
+    pub fn new(prompt: Prompt, max_tokens: usize) -> Request {
+        Request {
+            prompt,
+            max_tokens,
+            sampling: mtp::SamplingConfig {
+                temperature: 0.0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            stop: Vec::new(),
+            ignore_eos: false,
+            draft: DraftMode::Auto,
+        }
+    }
+}
+
+/// What a generation streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// A token was emitted; `text` is the output text it completes (possibly empty:
+    /// part of a UTF-8 sequence, or text held back while it may start a stop string).
+    Token {
+        /// The token id.
+        id: u32,
+        /// Text released with it.
+        text: &'a str,
+    },
+    /// Text released at the end of the output (held back until then).
+    Text(&'a str),
+}
+
+/// Receives a generation's events; `Break` stops the generation (ripgrep's `Sink`).
+pub trait Sink {
+    /// One event.
+    fn event(&mut self, event: Event<'_>) -> ControlFlow<()>;
+}
+
+impl<F: FnMut(Event<'_>) -> ControlFlow<()>> Sink for F {
+    fn event(&mut self, event: Event<'_>) -> ControlFlow<()> {
+        self(event)
+    }
+}
+
+/// A sink that ignores every event.
+pub struct NullSink;
+
+impl Sink for NullSink {
+    fn event(&mut self, _: Event<'_>) -> ControlFlow<()> {
+        ControlFlow::Continue(())
+    }
+}
+
+/// Shared cancellation: set from any thread, checked by the generation between prefill
+/// chunks and between tokens.
+#[derive(Clone, Debug, Default)]
+pub struct CancelFlag(Arc<AtomicBool>);
+
+impl CancelFlag {
+    /// A flag not set.
+    pub fn new() -> CancelFlag {
+        CancelFlag::default()
+    }
+    /// Asks the generation to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    /// Whether it was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_tokens` tokens were generated.
+    Length,
+    /// A stop string completed (it is not part of the text).
+    StopString(String),
+    /// An end-of-sequence token came (not emitted).
+    Eos,
+    /// The cancel flag was set, or the sink asked to stop.
+    Cancelled,
+}
+
+impl StopReason {
+    /// A short name (`length`, `stop`, `eos`, `cancelled`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            StopReason::Length => "length",
+            StopReason::StopString(_) => "stop",
+            StopReason::Eos => "eos",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where a generation's time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// From the start of `generate` to the first token (the prefill of the new prompt
+    /// tokens and the first pick), milliseconds.
+    pub prompt_ms: f64,
+    /// From the first token to the last, milliseconds.
+    pub predicted_ms: f64,
+}
+
+/// What a generation produced.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens the session already held (not run again).
+    pub cached_tokens: usize,
+    /// The emitted tokens (stop tokens excluded).
+    pub tokens: Vec<u32>,
+    /// Their text, cut before a stop string.
+    pub text: String,
+    /// Why it ended.
+    pub stop: StopReason,
+    /// Prefill and decode time.
+    pub timings: Timings,
+    /// Rounds, drafts and acceptance (all zero for plain decoding).
+    pub stats: mtp::Stats,
+    /// Whether a drafter ran.
+    pub drafted: bool,
+}
+
+impl Completion {
+    /// Prompt tokens run (not cached) per second of prefill.
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / (self.timings.prompt_ms / 1e3).max(1e-9)
+    }
+
+    /// Decode rate: the tokens after the first (which the prefill pass gives) per
+    /// second after the first token (`onebit run`'s and the server's figure).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / (self.timings.predicted_ms / 1e3).max(1e-9)
+    }
+}
+
+/// Per-sequence state over a shared [`Engine`]: the target's KV cache, the tap sink, and
+/// the tokens they hold.
+pub struct Session {
+    engine: Arc<Engine>,
+    target: Target<'static>,
+    taps: TapSink,
+    /// The tokens at the positions the KV cache holds.
+    history: Vec<u32>,
+}
+
+/// Length of the common prefix.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Session {
+    /// The engine this session runs on.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The tokens the KV cache holds.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// How many leading tokens of `ids` this session could reuse.
+    pub fn reusable(&self, ids: &[u32]) -> usize {
+        common_prefix(&self.history, ids).min(ids.len().saturating_sub(1))
+    }
+
+    /// The target (for measurements that drive it directly).
+    pub fn target(&mut self) -> &mut Target<'static> {
+        &mut self.target
+    }
+
+    /// Forgets everything: an empty KV cache, tap sink and history.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.taps
+            .lock()
+            .expect("tap sink lock poisoned")
+            .truncate(0);
+        // Truncating to 0 cannot fail on any backend; the history is empty either way.
+        let _ = self.target.truncate(0);
+    }
+
+    /// Cuts the KV cache, tap sink and history back to `len` positions.
+    fn rewind(&mut self, len: usize) -> Result<()> {
+        if self.target.position() > len {
+            self.target.truncate(len)?;
+        }
+        self.taps
+            .lock()
+            .expect("tap sink lock poisoned")
+            .truncate(len);
+        self.history.truncate(len);
+        Ok(())
+    }
+
+    /// Generates for `request`, streaming to `sink`; see the crate docs. On an error the
+    /// session is reset (its state is never left out of step).
+    pub fn generate(
+        &mut self,
+        request: &Request,
+        sink: &mut dyn Sink,
+        cancel: &CancelFlag,
+    ) -> Result<Completion> {
+        request.sampling.check()?;
+        let ids = self.engine.tokenize(&request.prompt)?;
+        self.engine.check_fits(ids.len(), request.max_tokens)?;
+        let result = self.generate_ids(&ids, request, sink, cancel);
+        if result.is_err() {
+            self.reset();
+        }
+        result
+    }
+
+    fn generate_ids(
+        &mut self,
+        ids: &[u32],
+        request: &Request,
+        sink: &mut dyn Sink,
+        cancel: &CancelFlag,
+    ) -> Result<Completion> {
+        let engine = self.engine.clone();
+        let start = Instant::now();
+        let cached = self.reusable(ids);
+        self.rewind(cached)?;
+        let mut completion = Completion {
+            prompt_tokens: ids.len(),
+            cached_tokens: cached,
+            tokens: Vec::new(),
+            text: String::new(),
+            stop: StopReason::Cancelled,
+            timings: Timings::default(),
+            stats: mtp::Stats::default(),
+            drafted: false,
+        };
+        // Chunked prefill: whole chunks here, the last (partial) chunk, which holds the
+        // last prompt token, in the loop's own prefill pass — one pass for a short prompt.
+        let mut pos = cached;
+        while ids.len() - pos > PREFILL_CHUNK {
+            if cancel.is_cancelled() {
+                completion.timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
+                return Ok(completion);
+            }
+            let end = pos + PREFILL_CHUNK;
+            self.target.forward_last(&ids[pos..end])?;
+            self.history.extend_from_slice(&ids[pos..end]);
+            pos = end;
+        }
+        if cancel.is_cancelled() {
+            completion.timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
+            return Ok(completion);
+        }
+
+        let drafting = request.draft != DraftMode::Off && engine.drafting();
+        let options = mtp::RunOptions {
+            max_tokens: request.max_tokens,
+            draft_max: match request.draft {
+                DraftMode::Fixed(k) => k,
+                _ => engine.config.draft_max,
+            },
+            stop_tokens: if request.ignore_eos {
+                Vec::new()
+            } else {
+                engine.package.config.eos_token_ids.clone()
+            },
+            sampling: request.sampling,
+            adaptive: if drafting && request.draft == DraftMode::Auto {
+                engine.adaptive.clone()
+            } else {
+                None
+            },
+        };
+        let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
+            (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
+            (DrafterConfig::DFlash { .. }, true) => {
+                let d = engine
+                    .draft
+                    .as_ref()
+                    .expect("a DFlash engine loads its draft");
+                let hooks = self.target.draft_hooks(&engine.package)?;
+                Some(Box::new(mtp::DFlashHead::new(
+                    d.weights,
+                    Box::new(hooks),
+                    self.taps.clone(),
+                )))
+            }
+            _ => None,
+        };
+        completion.drafted = head.is_some();
+
+        let text = engine.text.as_ref();
+        let mut detok = Detokenizer::default();
+        let mut stops = StopMatcher::new(&request.stop);
+        let mut reason: Option<StopReason> = None;
+        let mut failure: Option<EngineError> = None;
+        let mut first_token: Option<Instant> = None;
+        let mut out_text = String::new();
+        let mut on_token = |t: u32| -> bool {
+            first_token.get_or_insert_with(Instant::now);
+            if cancel.is_cancelled() {
+                reason = Some(StopReason::Cancelled);
+                return false;
+            }
+            let piece = match text {
+                Some(tx) => match detok.push(tx, t) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        failure = Some(e);
+                        return false;
+                    }
+                },
+                None => String::new(),
+            };
+            let (release, stop) = match stops.push(&piece) {
+                StopScan::Release(r) => (r, None),
+                StopScan::Stop(before, s) => (before, Some(s)),
+            };
+            out_text.push_str(&release);
+            let flow = sink.event(Event::Token {
+                id: t,
+                text: &release,
+            });
+            if let Some(s) = stop {
+                reason = Some(StopReason::StopString(s));
+                return false;
+            }
+            if flow.is_break() {
+                reason = Some(StopReason::Cancelled);
+                return false;
+            }
+            true
+        };
+        let head_ref: Option<&mut dyn mtp::DraftHead> = match head.as_mut() {
+            Some(h) => Some(h.as_mut()),
+            None => None,
+        };
+        let run = mtp::run_from(
+            &mut self.target,
+            head_ref,
+            ids,
+            pos,
+            &options,
+            &mut on_token,
+        );
+        let end = Instant::now();
+        let out = run?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        // The KV cache holds the prompt and the emitted tokens, up to the last one run
+        // (the last emitted token, or positions of accepted drafts past a stop): keep
+        // exactly the committed positions that are there.
+        let mut committed = ids.to_vec();
+        committed.extend_from_slice(&out.tokens);
+        let held = self.target.position().min(committed.len());
+        committed.truncate(held);
+        self.history = committed;
+        self.rewind(held)?;
+
+        let mut stop = match reason {
+            Some(r) => r,
+            None => match out.stop {
+                mtp::StopReason::MaxTokens => StopReason::Length,
+                mtp::StopReason::StopToken => StopReason::Eos,
+                mtp::StopReason::Callback => StopReason::Cancelled,
+            },
+        };
+        if !matches!(stop, StopReason::StopString(_)) {
+            let mut rest = match text {
+                Some(tx) => detok.flush(tx)?,
+                None => String::new(),
+            };
+            rest = match stops.push(&rest) {
+                StopScan::Release(r) => r + &stops.flush(),
+                StopScan::Stop(before, s) => {
+                    stop = StopReason::StopString(s);
+                    before
+                }
+            };
+            if !rest.is_empty() {
+                out_text.push_str(&rest);
+                let _ = sink.event(Event::Text(&rest));
+            }
+        }
+        let first = first_token.unwrap_or(end);
+        completion.timings = Timings {
+            prompt_ms: (first - start).as_secs_f64() * 1e3,
+            predicted_ms: (end - first).as_secs_f64() * 1e3,
+        };
+        completion.tokens = out.tokens;
+        completion.text = out_text;
+        completion.stop = stop;
+        completion.stats = out.stats;
+        Ok(completion)
+    }
+}
+
+/// The package directory's name (a served model's default name).
+pub fn model_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .as_deref()
+        .unwrap_or(dir)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}

@@ -1,0 +1,660 @@
+//! The request bodies the server accepts (OpenAI and Ollama shapes), checked into one
+//! [`Job`], and the JSON it answers with.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use onebit_engine::{Completion, Message, Prompt, StopReason};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// A refusal: the status, and the OpenAI error object's fields.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds a client should wait (503 on a full queue).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// 400 naming `param`.
+    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 404 for a model this server does not serve.
+    pub fn unknown_model(name: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model '{name}' does not exist"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            retry_after: None,
+        }
+    }
+
+    /// 503 while the model loads.
+    pub fn loading() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "Loading model".into(),
+            kind: "unavailable_error",
+            param: None,
+            code: None,
+            retry_after: Some(1),
+        }
+    }
+
+    /// 503 when the queue is full.
+    pub fn queue_full(q_len: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the server is busy: every session is generating and the queue (--q-len {q_len}) is full; retry later"
+            ),
+            kind: "unavailable_error",
+            param: None,
+            code: Some("queue_full"),
+            retry_after: Some(1),
+        }
+    }
+
+    /// 413 for a body over the limit.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body exceeds {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+            retry_after: None,
+        }
+    }
+
+    /// 500 for a failure inside the server.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// The OpenAI error object.
+    pub fn openai_body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+/// Parses `bytes` as `T`, refusing malformed JSON and naming the field that does not fit.
+pub fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => de
+            .end()
+            .map(|()| v)
+            .map_err(|e| ApiError::invalid(None, format!("malformed JSON body: {e}"))),
+        Err(e) => {
+            let inner = e.inner();
+            if inner.is_syntax() || inner.is_eof() {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("malformed JSON body: {inner}"),
+                ));
+            }
+            let path = e.path().to_string();
+            if path == "." {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("invalid request body: {inner}"),
+                ));
+            }
+            Err(ApiError::invalid(
+                Some(&path),
+                format!("invalid field '{path}': {inner}"),
+            ))
+        }
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    fn list(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+/// Message content: a string, or a list of parts of which the text ones are joined.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/completions` (the union of both).
+#[derive(Deserialize, Debug, Default)]
+pub struct OpenAiRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    pub prompt: Option<Value>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u64>,
+    /// llama-server's extension: keep going past end-of-sequence.
+    pub ignore_eos: Option<bool>,
+    // Refused when set to something this server does not do.
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub response_format: Option<Value>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<Value>,
+    pub echo: Option<bool>,
+    pub best_of: Option<u64>,
+    pub suffix: Option<Value>,
+}
+
+/// Ollama's `options`.
+#[derive(Deserialize, Debug, Default)]
+pub struct OllamaOptions {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub num_predict: Option<i64>,
+    pub stop: Option<Vec<String>>,
+}
+
+/// `POST /api/chat` and `POST /api/generate` (the union of both).
+#[derive(Deserialize, Debug, Default)]
+pub struct OllamaRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    pub prompt: Option<String>,
+    pub system: Option<String>,
+    pub stream: Option<bool>,
+    pub raw: Option<bool>,
+    pub options: Option<OllamaOptions>,
+    pub tools: Option<Value>,
+    pub format: Option<Value>,
+}
+
+/// `POST /api/show`.
+#[derive(Deserialize, Debug, Default)]
+pub struct ShowRequest {
+    pub model: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Which route shaped a job (and so its answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    OllamaChat,
+    OllamaGenerate,
+}
+
+impl Route {
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::OllamaChat => "/api/chat",
+            Route::OllamaGenerate => "/api/generate",
+        }
+    }
+
+    pub fn is_ollama(self) -> bool {
+        matches!(self, Route::OllamaChat | Route::OllamaGenerate)
+    }
+}
+
+/// A checked generation request, whatever route it came from.
+#[derive(Debug)]
+pub struct Job {
+    pub route: Route,
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub max_tokens: Option<usize>,
+    pub sampling: mtp::SamplingConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+}
+
+fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
+    if set {
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("'{name}' is not supported by this server"),
+        ));
+    }
+    Ok(())
+}
+
+fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+    if list.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "'messages' must hold at least one message",
+        ));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                other => {
+                    return Err(ApiError::invalid(
+                        Some(&format!("messages[{i}].role")),
+                        format!("messages[{i}].role: '{other}' is not one of system, developer, user, assistant"),
+                    ))
+                }
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(s)) => s,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.into_iter().enumerate() {
+                        if p.kind != "text" {
+                            return Err(ApiError::invalid(
+                                Some(&format!("messages[{i}].content[{j}].type")),
+                                format!("messages[{i}].content[{j}].type: '{}' is not supported (text only)", p.kind),
+                            ));
+                        }
+                        text.push_str(&p.text.unwrap_or_default());
+                    }
+                    text
+                }
+            };
+            Ok(Message::new(role, content))
+        })
+        .collect()
+}
+
+fn sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<i64>,
+) -> Result<mtp::SamplingConfig, ApiError> {
+    let config = mtp::SamplingConfig {
+        temperature: temperature.unwrap_or(1.0),
+        top_p: top_p.unwrap_or(1.0),
+        seed: seed.unwrap_or(0) as u64,
+    };
+    config.check().map_err(|e| {
+        let param = match e {
+            mtp::SamplingError::Temperature(_) => "temperature",
+            mtp::SamplingError::TopP(_) => "top_p",
+        };
+        ApiError::invalid(Some(param), e.to_string())
+    })?;
+    Ok(config)
+}
+
+impl Job {
+    /// A `/v1/chat/completions` (`chat`) or `/v1/completions` request.
+    pub fn openai(r: OpenAiRequest, chat: bool) -> Result<Job, ApiError> {
+        if let Some(n) = r.n {
+            if n != 1 {
+                return Err(ApiError::invalid(
+                    Some("n"),
+                    format!("'n' must be 1 (one choice per request), got {n}"),
+                ));
+            }
+        }
+        refuse_set(
+            "tools",
+            r.tools
+                .as_ref()
+                .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())),
+        )?;
+        refuse_set(
+            "tool_choice",
+            r.tool_choice
+                .as_ref()
+                .is_some_and(|t| !t.is_null() && t != "none"),
+        )?;
+        refuse_set(
+            "functions",
+            r.functions.as_ref().is_some_and(|t| !t.is_null()),
+        )?;
+        refuse_set(
+            "function_call",
+            r.function_call
+                .as_ref()
+                .is_some_and(|t| !t.is_null() && t != "none"),
+        )?;
+        refuse_set(
+            "logprobs",
+            r.logprobs
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v != false && v != 0),
+        )?;
+        refuse_set(
+            "top_logprobs",
+            r.top_logprobs
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v != 0),
+        )?;
+        refuse_set(
+            "response_format",
+            r.response_format
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v.get("type").is_none_or(|t| t != "text")),
+        )?;
+        refuse_set(
+            "presence_penalty",
+            r.presence_penalty.is_some_and(|p| p != 0.0),
+        )?;
+        refuse_set(
+            "frequency_penalty",
+            r.frequency_penalty.is_some_and(|p| p != 0.0),
+        )?;
+        refuse_set(
+            "logit_bias",
+            r.logit_bias
+                .as_ref()
+                .is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())),
+        )?;
+        refuse_set("echo", r.echo == Some(true))?;
+        refuse_set("best_of", r.best_of.is_some_and(|b| b != 1))?;
+        refuse_set("suffix", r.suffix.as_ref().is_some_and(|v| !v.is_null()))?;
+        let (route, prompt) = if chat {
+            let list = r
+                .messages
+                .ok_or_else(|| ApiError::invalid(Some("messages"), "'messages' is required"))?;
+            (Route::Chat, Prompt::Chat(messages(list)?))
+        } else {
+            let prompt =
+                match r.prompt {
+                    Some(Value::String(s)) => Prompt::Text(s),
+                    Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                        Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
+                    }
+                    Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+                        Prompt::Tokens(a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect())
+                    }
+                    None => return Err(ApiError::invalid(Some("prompt"), "'prompt' is required")),
+                    Some(_) => return Err(ApiError::invalid(
+                        Some("prompt"),
+                        "'prompt' must be a string, a list of one string, or a list of token ids",
+                    )),
+                };
+            (Route::Completions, prompt)
+        };
+        let max_tokens = r.max_completion_tokens.or(r.max_tokens);
+        if max_tokens == Some(0) {
+            let name = if r.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            return Err(ApiError::invalid(
+                Some(name),
+                format!("'{name}' must be at least 1"),
+            ));
+        }
+        let stop = r.stop.map(StopField::list).unwrap_or_default();
+        if stop.len() > 4 {
+            return Err(ApiError::invalid(
+                Some("stop"),
+                format!("'stop' holds at most 4 sequences, got {}", stop.len()),
+            ));
+        }
+        let stream = r.stream.unwrap_or(false);
+        Ok(Job {
+            route,
+            model: r.model,
+            prompt,
+            max_tokens: max_tokens.map(|n| n.min(usize::MAX as u64) as usize),
+            sampling: sampling(r.temperature, r.top_p, r.seed)?,
+            stop,
+            stream,
+            include_usage: r.stream_options.is_some_and(|o| o.include_usage),
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+        })
+    }
+
+    /// An `/api/chat` (`chat`) or `/api/generate` request.
+    pub fn ollama(r: OllamaRequest, chat: bool) -> Result<Job, ApiError> {
+        refuse_set(
+            "tools",
+            r.tools
+                .as_ref()
+                .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()) && !t.is_null()),
+        )?;
+        refuse_set(
+            "format",
+            r.format.as_ref().is_some_and(|f| !f.is_null() && f != ""),
+        )?;
+        let (route, prompt) = if chat {
+            let list = r
+                .messages
+                .ok_or_else(|| ApiError::invalid(Some("messages"), "'messages' is required"))?;
+            (Route::OllamaChat, Prompt::Chat(messages(list)?))
+        } else {
+            let text = r.prompt.unwrap_or_default();
+            let prompt = if r.raw.unwrap_or(false) {
+                Prompt::Text(text)
+            } else {
+                let mut m = Vec::new();
+                if let Some(s) = r.system {
+                    m.push(Message::new("system", s));
+                }
+                m.push(Message::new("user", text));
+                Prompt::Chat(m)
+            };
+            (Route::OllamaGenerate, prompt)
+        };
+        let o = r.options.unwrap_or_default();
+        let max_tokens = match o.num_predict {
+            None => None,
+            Some(n) if n < 0 => None,
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    Some("options.num_predict"),
+                    "'options.num_predict' must be at least 1 (or -1 for no limit)",
+                ))
+            }
+            Some(n) => Some(n as usize),
+        };
+        Ok(Job {
+            route,
+            model: r.model,
+            prompt,
+            max_tokens,
+            sampling: sampling(o.temperature.or(Some(0.8)), o.top_p.or(Some(0.9)), o.seed)?,
+            stop: o.stop.unwrap_or_default(),
+            stream: r.stream.unwrap_or(true),
+            include_usage: true,
+            ignore_eos: false,
+        })
+    }
+}
+
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// RFC 3339 UTC time of `secs` since the epoch, with `nanos`.
+pub fn rfc3339(secs: u64, nanos: u32) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The current time in RFC 3339.
+pub fn now_rfc3339() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d.as_secs(), d.subsec_nanos())
+}
+
+/// OpenAI's finish reason.
+pub fn finish_reason(stop: &StopReason) -> &'static str {
+    match stop {
+        StopReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+/// `usage`, with FastFlowLM's telemetry fields beside OpenAI's.
+pub fn usage(c: &Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.tokens.len(),
+        "total_tokens": c.prompt_tokens + c.tokens.len(),
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+        "prefill_duration_ttft": c.timings.prompt_ms / 1e3,
+        "decoding_duration": c.timings.predicted_ms / 1e3,
+        "prefill_speed_tps": c.prompt_tokens_per_second(),
+        "decoding_speed_tps": c.decode_tokens_per_second(),
+    })
+}
+
+/// llama-server's `timings`.
+pub fn timings(c: &Completion) -> Value {
+    let prompt_n = c.prompt_tokens - c.cached_tokens;
+    let predicted_n = c.tokens.len();
+    let mut t = json!({
+        "cache_n": c.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": c.timings.prompt_ms,
+        "prompt_per_token_ms": c.timings.prompt_ms / prompt_n.max(1) as f64,
+        "prompt_per_second": c.prompt_tokens_per_second(),
+        "predicted_n": predicted_n,
+        "predicted_ms": c.timings.predicted_ms,
+        "predicted_per_token_ms": c.timings.predicted_ms / predicted_n.saturating_sub(1).max(1) as f64,
+        "predicted_per_second": c.decode_tokens_per_second(),
+    });
+    if c.drafted {
+        t["draft_n"] = json!(c.stats.drafted);
+        t["draft_n_accepted"] = json!(c.stats.accepted);
+    }
+    t
+}
+
+/// Ollama's closing statistics (durations in nanoseconds).
+pub fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
+    let ns = |ms: f64| (ms * 1e6) as u64;
+    json!({
+        "done_reason": match c.stop { StopReason::Length => "length", _ => "stop" },
+        "total_duration": ns(c.timings.prompt_ms + c.timings.predicted_ms),
+        "load_duration": (load_seconds * 1e9) as u64,
+        "prompt_eval_count": c.prompt_tokens,
+        "prompt_eval_duration": ns(c.timings.prompt_ms),
+        "eval_count": c.tokens.len(),
+        "eval_duration": ns(c.timings.predicted_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_dates() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
+        assert_eq!(rfc3339(1_764_601_200, 0), "2025-12-01T15:00:00.000000000Z");
+    }
+
+    #[test]
+    fn a_bad_field_is_named() {
+        let e = parse::<OpenAiRequest>(br#"{"messages": [{"role": "user", "content": 3}]}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"), "{e:?}");
+        let e = parse::<OpenAiRequest>(br#"{"max_tokens": -1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
+        let e = parse::<OpenAiRequest>(b"{\"messages\": [").unwrap_err();
+        assert!(e.message.starts_with("malformed JSON body"), "{e:?}");
+    }
+}

@@ -1,0 +1,1012 @@
+//! `onebit serve MODEL_DIR`: OpenAI- and Ollama-compatible HTTP over the engine.
+//!
+//! The listener is bound first and answers while the model loads (`/health` and the
+//! model routes say 503 until it is ready), so a launcher polling `/api/tags` sees 200
+//! exactly when requests can be served. Generation runs on tokio's blocking threads, one
+//! [`Session`] per `--parallel` slot over one shared [`Engine`]; requests beyond the
+//! slots wait in a FIFO queue of `--q-len` (tokio's semaphore is fair), and past that are
+//! refused with 503 and `Retry-After`. A request whose client goes away (its response
+//! body or its handler dropped) sets its [`CancelFlag`]; the generation stops at the
+//! next token and the session goes back to the pool.
+
+mod api;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use onebit_engine::{
+    CancelFlag, Completion, DraftMode, DrafterConfig, Engine, EngineError, Event, Prompt, Request,
+    Session,
+};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::run::TargetArgs;
+use api::{ApiError, Job, Route};
+
+/// The largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// How much of an oversized body is read and dropped before the 413.
+const DRAIN_BYTES: usize = 64 << 20;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The target package directory (config.json, model.q4nx, tokenizer.json).
+    pub model_dir: PathBuf,
+    /// A DFlash draft package: decode speculatively (same text as without it).
+    #[arg(long, conflicts_with = "lookup")]
+    pub draft: Option<PathBuf>,
+    /// Prompt-lookup drafting (no model).
+    #[arg(long)]
+    pub lookup: bool,
+    /// Drafts verified per round at most (k).
+    #[arg(long, default_value_t = 7)]
+    pub draft_max: usize,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port (0: any free port; the log line names it). Default: $FLM_SERVE_PORT, else 52625.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Context size in tokens: a request's prompt plus max tokens must fit (default and
+    /// cap: the model's max_position_embeddings).
+    #[arg(long, short = 'c')]
+    pub ctx_len: Option<usize>,
+    /// Requests that may wait for a free session; more are refused with 503.
+    #[arg(long, default_value_t = 10)]
+    pub q_len: usize,
+    /// Sessions generating at once (each its own KV cache over the one model).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub parallel: usize,
+    /// The model's name in the API (default: the package directory's name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Log errors only (no line per request).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Accepted for `flm serve` compatibility (sockets are not limited); ignored.
+    #[arg(long, hide = true)]
+    pub socket: Option<usize>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Activation precision of the projections (see `onebit run --help`).
+    #[arg(long, value_enum, default_value_t = crate::run::PrecisionArg::Auto)]
+    pub precision: crate::run::PrecisionArg,
+    /// For tests of queueing and cancellation: sleep this long after every token.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_token_delay_ms: u64,
+    /// For tests of readiness: wait this long before loading the model.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_load_delay_ms: u64,
+}
+
+/// What the routes share.
+struct App {
+    /// The name clients use; `names` are every name accepted for it.
+    name: String,
+    names: Vec<String>,
+    ready: OnceLock<Ready>,
+    quiet: bool,
+    q_len: usize,
+    waiting: AtomicUsize,
+    token_delay: Duration,
+    started: Instant,
+    created: u64,
+}
+
+/// The loaded model and its sessions.
+struct Ready {
+    engine: Arc<Engine>,
+    permits: Arc<Semaphore>,
+    sessions: Mutex<Vec<Session>>,
+    package_bytes: u64,
+    modified: String,
+    digest: String,
+}
+
+impl App {
+    fn log(&self, line: &str) {
+        if !self.quiet {
+            eprintln!("{line}");
+        }
+    }
+
+    fn error(&self, line: &str) {
+        eprintln!("{line}");
+    }
+
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(ApiError::loading)
+    }
+
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None | Some("") => Ok(()),
+            Some(m) if self.names.iter().any(|n| n == m) => Ok(()),
+            Some(m) => Err(ApiError::unknown_model(m)),
+        }
+    }
+}
+
+/// An error as an HTTP response: the OpenAI object, or Ollama's `{"error": "..."}` on
+/// the native routes.
+fn error_response(e: &ApiError, ollama: bool) -> Response {
+    let body = if ollama {
+        let message = if e.code == Some("model_not_found") {
+            format!(
+                "model '{}' not found",
+                e.message
+                    .trim_start_matches("The model '")
+                    .trim_end_matches("' does not exist")
+            )
+        } else {
+            e.message.clone()
+        };
+        json!({ "error": message })
+    } else {
+        e.openai_body()
+    };
+    let mut r = (e.status, axum::Json(body)).into_response();
+    if let Some(s) = e.retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    if args.threads == Some(0) {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    let name = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| onebit_engine::model_name(&args.model_dir));
+    let mut names = vec![name.clone(), args.model_dir.display().to_string()];
+    names.push(onebit_engine::model_name(&args.model_dir));
+    let target = TargetArgs {
+        model: args.model_dir.clone(),
+        threads: args.threads,
+        head: crate::run::HeadArg::Auto,
+        kernel: crate::run::KernelArg::Auto,
+        precision: args.precision,
+        kv_type: crate::run::KvTypeArg::Auto,
+        backend: crate::backend::BackendArg::Cpu,
+        kernels: None,
+        device: 0,
+    };
+    let mut config = target.engine_config()?;
+    config.drafter = match &args.draft {
+        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
+        None if args.lookup => DrafterConfig::Lookup {
+            ngram: mtp::DEFAULT_MAX_NGRAM,
+        },
+        None => DrafterConfig::None,
+    };
+    config.draft_max = args.draft_max;
+    // The model's own limit unless --ctx-len asks for less.
+    config.ctx_len = Some(args.ctx_len.unwrap_or(usize::MAX));
+    let app = Arc::new(App {
+        name,
+        names,
+        ready: OnceLock::new(),
+        quiet: args.quiet,
+        q_len: args.q_len,
+        waiting: AtomicUsize::new(0),
+        token_delay: Duration::from_millis(args.debug_token_delay_ms),
+        started: Instant::now(),
+        created: api::unix_now(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("serve: cannot start the async runtime")?;
+    let parallel = args.parallel;
+    let load_delay = Duration::from_millis(args.debug_load_delay_ms);
+    let port = match (args.port, std::env::var("FLM_SERVE_PORT")) {
+        (Some(p), _) => p,
+        (None, Ok(v)) => v
+            .parse()
+            .with_context(|| format!("serve: FLM_SERVE_PORT={v:?} is not a port number"))?,
+        (None, Err(_)) => 52625,
+    };
+    let addr = format!("{}:{port}", args.host);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("serve: cannot listen on {addr}"))?;
+        let local: SocketAddr = listener.local_addr()?;
+        app.log(&format!(
+            "onebit serve: listening on http://{local} (loading {})",
+            config.model.display()
+        ));
+        let loader = {
+            let app = app.clone();
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                std::thread::sleep(load_delay);
+                let engine = Engine::load(&config)?;
+                let sessions = (0..parallel)
+                    .map(|_| engine.session())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (package_bytes, modified, digest) = package_facts(&config.model);
+                let ctx = engine.ctx_len().unwrap_or(0);
+                let drafter = match &config.drafter {
+                    DrafterConfig::None => "none".to_string(),
+                    DrafterConfig::Lookup { .. } => "lookup".to_string(),
+                    DrafterConfig::DFlash { dir } => format!("dflash {}", dir.display()),
+                };
+                let info = engine.info().clone();
+                let _ = app.ready.set(Ready {
+                    permits: Arc::new(Semaphore::new(parallel)),
+                    sessions: Mutex::new(sessions),
+                    engine,
+                    package_bytes,
+                    modified,
+                    digest,
+                });
+                app.log(&format!(
+                    "onebit serve: {} ready in {:.2} s (ctx {ctx}, parallel {parallel}, queue {}, drafter {drafter}, {} threads, {} precision, {} kernel)",
+                    app.name,
+                    app.started.elapsed().as_secs_f64(),
+                    app.q_len,
+                    info.threads,
+                    info.precision.name(),
+                    info.kernel,
+                ));
+                Ok(())
+            })
+        };
+        let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
+        match loader.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.context("serve: cannot load the model")),
+            Err(e) => anyhow::bail!("serve: the loader failed: {e}"),
+        }
+        // Loaded: serve until the process is stopped.
+        server
+            .await
+            .context("serve: the server task failed")?
+            .context("serve: the server stopped")
+    })
+}
+
+/// Size, modification time and a digest-like tag of the package's weights.
+fn package_facts(dir: &std::path::Path) -> (u64, String, String) {
+    let meta = std::fs::metadata(dir.join("model.q4nx")).ok();
+    let size = meta.as_ref().map(|m| m.len()).unwrap_or(0);
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let modified = api::rfc3339(mtime.as_secs(), mtime.subsec_nanos());
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (size, mtime.as_nanos(), dir.display().to_string()).hash(&mut h);
+    (size, modified, format!("{:016x}{:016x}", h.finish(), size))
+}
+
+fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/version", get(version))
+        .route("/api/version", get(version))
+        .route("/api/tags", get(tags))
+        .route("/api/ps", get(ps))
+        .route("/api/show", post(show))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/api/chat", post(ollama_chat))
+        .route("/api/generate", post(ollama_generate))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let e = ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no route for {method} {}", uri.path()),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("not_found"),
+        retry_after: None,
+    };
+    error_response(&e, false)
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    match app.ready() {
+        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})),
+        )
+            .into_response(),
+    }
+}
+
+async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": app.name, "object": "model", "created": app.created, "owned_by": "onebit"}],
+    }))
+    .into_response()
+}
+
+/// Ollama's `details` of the served model.
+fn details(ready: &Ready) -> Value {
+    let c = &ready.engine.package().config;
+    let family = format!("{:?}", c.family).to_lowercase();
+    json!({
+        "parent_model": "",
+        "format": "q4nx",
+        "family": family,
+        "families": [family],
+        "parameter_size": parameter_size(c),
+        "quantization_level": "Q4_1",
+    })
+}
+
+/// Parameters of the model, counted from its config ("135M", "1.2B").
+fn parameter_size(c: &npu_runtime::TargetConfig) -> String {
+    let n = parameter_count(c) as f64;
+    if n >= 1e9 {
+        format!("{:.1}B", n / 1e9)
+    } else {
+        format!("{:.0}M", n / 1e6)
+    }
+}
+
+fn parameter_count(c: &npu_runtime::TargetConfig) -> u64 {
+    let (h, i, v) = (
+        c.hidden_size as u64,
+        c.intermediate_size as u64,
+        c.vocab_size as u64,
+    );
+    let per_layer = h * c.q_dim() as u64 * 2 + h * c.kv_dim() as u64 * 2 + 3 * h * i + 2 * h;
+    let head = if c.tie_word_embeddings { 0 } else { v * h };
+    v * h + head + c.num_layers as u64 * per_layer + h
+}
+
+fn model_entry(app: &App, ready: &Ready) -> Value {
+    json!({
+        "name": app.name,
+        "model": app.name,
+        "modified_at": ready.modified,
+        "size": ready.package_bytes,
+        "digest": ready.digest,
+        "details": details(ready),
+    })
+}
+
+async fn tags(State(app): State<Arc<App>>) -> Response {
+    match app.ready() {
+        Ok(r) => axum::Json(json!({"models": [model_entry(&app, r)]})).into_response(),
+        Err(e) => error_response(&e, true),
+    }
+}
+
+async fn ps(State(app): State<Arc<App>>) -> Response {
+    match app.ready() {
+        Ok(r) => {
+            let mut m = model_entry(&app, r);
+            m["expires_at"] = json!("2318-01-01T00:00:00.000000000Z");
+            m["size_vram"] = json!(0);
+            m["context_length"] = json!(r.engine.ctx_len());
+            axum::Json(json!({"models": [m]})).into_response()
+        }
+        Err(e) => error_response(&e, true),
+    }
+}
+
+async fn show(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let bytes = read_body(&headers, body).await?;
+        let r: api::ShowRequest = api::parse(&bytes)?;
+        let model = r.model.or(r.name);
+        app.check_model(model.as_deref())?;
+        let ready = app.ready()?;
+        let c = &ready.engine.package().config;
+        let arch = format!("{:?}", c.family).to_lowercase();
+        Ok::<_, ApiError>(json!({
+            "modelfile": "",
+            "parameters": "",
+            "template": ready.engine.chat_template().unwrap_or(onebit_engine::FALLBACK_CHAT_TEMPLATE),
+            "details": details(ready),
+            "model_info": {
+                "general.architecture": arch,
+                "general.parameter_count": parameter_count(c),
+                format!("{arch}.context_length"): ready.engine.ctx_len(),
+                format!("{arch}.embedding_length"): c.hidden_size,
+                format!("{arch}.block_count"): c.num_layers,
+                format!("{arch}.attention.head_count"): c.num_heads,
+                format!("{arch}.attention.head_count_kv"): c.num_kv_heads,
+                format!("{arch}.vocab_size"): c.vocab_size,
+            },
+            "capabilities": ["completion"],
+            "modified_at": ready.modified,
+        }))
+    }
+    .await;
+    match result {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error_response(&e, true),
+    }
+}
+
+/// The body, refused past [`MAX_BODY_BYTES`]. An oversized body is still read (and
+/// dropped) up to [`DRAIN_BYTES`], so the client finishes sending and reads the 413
+/// instead of a reset connection.
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > DRAIN_BYTES) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    let mut stream = body.into_data_stream();
+    let mut data = Vec::with_capacity(declared.unwrap_or(0).min(MAX_BODY_BYTES));
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::invalid(None, format!("cannot read the request body: {e}")))?;
+        seen += chunk.len();
+        if seen <= MAX_BODY_BYTES {
+            data.extend_from_slice(&chunk);
+        } else if seen > DRAIN_BYTES {
+            break;
+        }
+    }
+    if seen > MAX_BODY_BYTES {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    Ok(Bytes::from(data))
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate_route(app, headers, body, Route::Chat).await
+}
+
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate_route(app, headers, body, Route::Completions).await
+}
+
+async fn ollama_chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate_route(app, headers, body, Route::OllamaChat).await
+}
+
+async fn ollama_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate_route(app, headers, body, Route::OllamaGenerate).await
+}
+
+/// Sets the flag when dropped, unless disarmed: a handler or a response stream dropped
+/// because the client went away cancels its generation.
+struct CancelOnDrop(Option<CancelFlag>);
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f.cancel();
+        }
+    }
+}
+
+/// Counts a request waiting for a session while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the generation thread sends a streaming response.
+enum Msg {
+    Piece(String),
+    Done(Box<Result<Completion, EngineError>>),
+}
+
+/// Parses, checks and queues one generation request, then answers it (streaming or not).
+async fn generate_route(app: Arc<App>, headers: HeaderMap, body: Body, route: Route) -> Response {
+    let start = Instant::now();
+    match prepare(&app, &headers, body, route).await {
+        Ok((job, request)) => match admit(&app).await {
+            Ok(permit) => run_job(app, job, request, permit, start).await,
+            Err(e) => {
+                app.log(&format!(
+                    "{} {} {}",
+                    route.path(),
+                    e.status.as_u16(),
+                    e.message
+                ));
+                error_response(&e, route.is_ollama())
+            }
+        },
+        Err(e) => {
+            let line = format!("{} {} {}", route.path(), e.status.as_u16(), e.message);
+            if e.status.is_server_error() && e.status != StatusCode::SERVICE_UNAVAILABLE {
+                app.error(&line);
+            } else {
+                app.log(&line);
+            }
+            error_response(&e, route.is_ollama())
+        }
+    }
+}
+
+/// The checked job and the engine request: the body read and parsed, the model
+/// checked, the prompt tokenized and fitted to the context.
+async fn prepare(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    route: Route,
+) -> Result<(Job, Request), ApiError> {
+    let bytes = read_body(headers, body).await?;
+    let job = match route {
+        Route::Chat | Route::Completions => Job::openai(api::parse(&bytes)?, route == Route::Chat)?,
+        Route::OllamaChat | Route::OllamaGenerate => {
+            Job::ollama(api::parse(&bytes)?, route == Route::OllamaChat)?
+        }
+    };
+    app.check_model(job.model.as_deref())?;
+    let ready = app.ready()?;
+    let engine = &ready.engine;
+    let ids = engine.tokenize(&job.prompt).map_err(|e| match e {
+        EngineError::Invalid(m) => ApiError::invalid(Some("prompt"), m),
+        EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
+            ApiError::invalid(Some("prompt"), t.to_string())
+        }
+        EngineError::EmptyPrompt => ApiError::invalid(
+            Some(if matches!(job.prompt, Prompt::Chat(_)) {
+                "messages"
+            } else {
+                "prompt"
+            }),
+            "the prompt is empty (it tokenizes to no tokens)",
+        ),
+        other => ApiError::internal(other.to_string()),
+    })?;
+    let ctx = engine.ctx_len().unwrap_or(usize::MAX);
+    let max_tokens = job.max_tokens.unwrap_or(ctx.saturating_sub(ids.len()));
+    if ids.len() + max_tokens > ctx || max_tokens == 0 {
+        let mut e = ApiError::invalid(
+            None,
+            format!(
+                "the request exceeds the available context size: the prompt has {} tokens and max_tokens is {max_tokens}, but the context holds {ctx} tokens (n_prompt_tokens {}, n_ctx {ctx})",
+                ids.len(),
+                ids.len()
+            ),
+        );
+        e.code = Some("exceed_context_size_error");
+        e.kind = "exceed_context_size_error";
+        return Err(e);
+    }
+    let request = Request {
+        prompt: Prompt::Tokens(ids),
+        max_tokens,
+        sampling: job.sampling,
+        stop: job.stop.clone(),
+        ignore_eos: job.ignore_eos,
+        draft: DraftMode::Auto,
+    };
+    Ok((job, request))
+}
+
+/// A session slot: now, after waiting in the FIFO queue, or 503 when the queue is full.
+async fn admit(app: &App) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let ready = app.ready()?;
+    if let Ok(p) = ready.permits.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    // Reserve a place in the queue, or refuse.
+    let mut n = app.waiting.load(Ordering::Acquire);
+    loop {
+        if n >= app.q_len {
+            return Err(ApiError::queue_full(app.q_len));
+        }
+        match app
+            .waiting
+            .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => break,
+            Err(now) => n = now,
+        }
+    }
+    let _waiting = Waiting(&app.waiting);
+    ready
+        .permits
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the session pool is closed"))
+}
+
+/// Runs a job on a free session (holding `permit`) and answers it.
+async fn run_job(
+    app: Arc<App>,
+    job: Job,
+    request: Request,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    start: Instant,
+) -> Response {
+    let ready = app
+        .ready()
+        .expect("admitted requests run on a loaded model");
+    // The session holding the longest prefix of this prompt.
+    let mut session = {
+        let mut pool = ready.sessions.lock().expect("session pool lock poisoned");
+        let ids = match &request.prompt {
+            Prompt::Tokens(ids) => ids.as_slice(),
+            _ => &[],
+        };
+        let best = (0..pool.len())
+            .max_by_key(|&i| pool[i].reusable(ids))
+            .expect("a permit means a session is free");
+        pool.swap_remove(best)
+    };
+    let cancel = CancelFlag::new();
+    let (tx, rx) = mpsc::channel::<Msg>(64);
+    let delay = app.token_delay;
+    let route = job.route;
+    // Only a stream needs the pieces: a whole answer's handler is woken once, at the end.
+    let stream = job.stream;
+    let worker = {
+        let app = app.clone();
+        let cancel = cancel.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut sink = |e: Event<'_>| {
+                let text = match e {
+                    Event::Token { text, .. } | Event::Text(text) => text,
+                };
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                if stream
+                    && !text.is_empty()
+                    && tx.blocking_send(Msg::Piece(text.to_string())).is_err()
+                {
+                    return std::ops::ControlFlow::Break(());
+                }
+                if tx.is_closed() {
+                    return std::ops::ControlFlow::Break(());
+                }
+                std::ops::ControlFlow::Continue(())
+            };
+            let result = session.generate(&request, &mut sink, &cancel);
+            match &result {
+                Ok(c) => log_done(&app, route, c, start),
+                Err(e) => {
+                    engine_error(&app, route, e);
+                }
+            }
+            // The session goes back before the slot is released.
+            let ready = app.ready().expect("loaded");
+            ready
+                .sessions
+                .lock()
+                .expect("session pool lock poisoned")
+                .push(session);
+            drop(permit);
+            let _ = tx.blocking_send(Msg::Done(Box::new(result)));
+        })
+    };
+    drop(worker);
+    let meta = Meta {
+        id: format!(
+            "{}-{}",
+            if job.route == Route::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            next_id()
+        ),
+        created: api::unix_now(),
+        model: app.name.clone(),
+        load_seconds: ready.engine.load_seconds(),
+    };
+    if job.stream {
+        stream_response(job, meta, rx, cancel)
+    } else {
+        whole_response(job, meta, rx, cancel).await
+    }
+}
+
+/// A response id unique in this process and unlikely to repeat across restarts: the
+/// start time in nanoseconds, then a counter.
+fn next_id() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    static START: OnceLock<u128> = OnceLock::new();
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    });
+    format!("{start:x}{:06x}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A response's identity.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    load_seconds: f64,
+}
+
+/// The request's log line.
+fn log_done(app: &App, route: Route, c: &Completion, start: Instant) {
+    let drafts = if c.drafted {
+        format!(", drafts {}/{} accepted", c.stats.accepted, c.stats.drafted)
+    } else {
+        String::new()
+    };
+    app.log(&format!(
+        "{} 200 prompt {} tokens ({} cached, {:.1} tok/s) | {} tokens, {:.1} tok/s decode | stop: {}{drafts} | {:.3} s",
+        route.path(),
+        c.prompt_tokens,
+        c.cached_tokens,
+        c.prompt_tokens_per_second(),
+        c.tokens.len(),
+        c.decode_tokens_per_second(),
+        c.stop.name(),
+        start.elapsed().as_secs_f64()
+    ));
+}
+
+/// The answer to a failed generation.
+fn api_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::ContextOverflow { .. }
+        | EngineError::Invalid(_)
+        | EngineError::Sampling(_) => ApiError::invalid(None, e.to_string()),
+        _ => ApiError::internal(e.to_string()),
+    }
+}
+
+/// Logs a failed generation (always: it is an error).
+fn engine_error(app: &App, route: Route, e: &EngineError) {
+    let err = api_error(e);
+    app.error(&format!(
+        "{} {} {}",
+        route.path(),
+        err.status.as_u16(),
+        err.message
+    ));
+}
+
+/// A non-streaming answer: waits for the whole completion (the handler's drop, when the
+/// client goes away, cancels it).
+async fn whole_response(
+    job: Job,
+    meta: Meta,
+    mut rx: mpsc::Receiver<Msg>,
+    cancel: CancelFlag,
+) -> Response {
+    let mut guard = CancelOnDrop(Some(cancel));
+    let result = loop {
+        match rx.recv().await {
+            Some(Msg::Piece(_)) => continue,
+            Some(Msg::Done(r)) => break *r,
+            None => break Err(EngineError::Invalid("the generation thread stopped".into())),
+        }
+    };
+    guard.disarm();
+    let c = match result {
+        Ok(c) => c,
+        Err(e) => return error_response(&api_error(&e), job.route.is_ollama()),
+    };
+    let body = match job.route {
+        Route::Chat => json!({
+            "id": meta.id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": null,
+                "finish_reason": api::finish_reason(&c.stop),
+            }],
+            "usage": api::usage(&c),
+            "timings": api::timings(&c),
+        }),
+        Route::Completions => json!({
+            "id": meta.id,
+            "object": "text_completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [{
+                "text": c.text,
+                "index": 0,
+                "logprobs": null,
+                "finish_reason": api::finish_reason(&c.stop),
+            }],
+            "usage": api::usage(&c),
+            "timings": api::timings(&c),
+        }),
+        Route::OllamaChat | Route::OllamaGenerate => {
+            let mut v = ollama_line(&job, &meta, &c.text, true);
+            merge(&mut v, api::ollama_stats(&c, meta.load_seconds));
+            v
+        }
+    };
+    axum::Json(body).into_response()
+}
+
+fn merge(into: &mut Value, from: Value) {
+    if let (Some(a), Value::Object(b)) = (into.as_object_mut(), from) {
+        a.extend(b);
+    }
+}
+
+/// One Ollama object: a piece of the answer, or (with `done`) the whole of it.
+fn ollama_line(job: &Job, meta: &Meta, text: &str, done: bool) -> Value {
+    let mut v = json!({"model": meta.model, "created_at": api::now_rfc3339()});
+    if job.route == Route::OllamaChat {
+        v["message"] = json!({"role": "assistant", "content": text});
+    } else {
+        v["response"] = json!(text);
+    }
+    v["done"] = json!(done);
+    v
+}
+
+/// One streamed OpenAI chunk.
+fn openai_chunk(
+    job: &Job,
+    meta: &Meta,
+    text: Option<&str>,
+    role: bool,
+    finish: Option<&str>,
+) -> Value {
+    let choice = if job.route == Route::Chat {
+        let mut delta = json!({});
+        if role {
+            delta["role"] = json!("assistant");
+        }
+        if let Some(t) = text {
+            delta["content"] = json!(t);
+        }
+        json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+    } else {
+        json!({"text": text.unwrap_or(""), "index": 0, "logprobs": null, "finish_reason": finish})
+    };
+    let mut v = json!({
+        "id": meta.id,
+        "object": if job.route == Route::Chat { "chat.completion.chunk" } else { "text_completion" },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    });
+    if job.include_usage {
+        v["usage"] = Value::Null;
+    }
+    v
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn ndjson(v: &Value) -> Bytes {
+    Bytes::from(format!("{v}\n"))
+}
+
+/// A streaming answer: SSE for the OpenAI routes (ending `data: [DONE]`), NDJSON for
+/// Ollama's. Dropping the body (the client went away) cancels the generation.
+fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: CancelFlag) -> Response {
+    struct St {
+        job: Job,
+        meta: Meta,
+        rx: mpsc::Receiver<Msg>,
+        _guard: CancelOnDrop,
+        first: bool,
+        finished: bool,
+    }
+    let ollama = job.route.is_ollama();
+    let state = St {
+        job,
+        meta,
+        rx,
+        _guard: CancelOnDrop(Some(cancel)),
+        first: true,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        if st.finished {
+            return None;
+        }
+        let ollama = st.job.route.is_ollama();
+        let mut out: Vec<u8> = Vec::new();
+        if st.first && st.job.route == Route::Chat {
+            out.extend_from_slice(&sse(&openai_chunk(&st.job, &st.meta, Some(""), true, None)));
+        }
+        st.first = false;
+        match st.rx.recv().await {
+            Some(Msg::Piece(text)) => {
+                if ollama {
+                    out.extend_from_slice(&ndjson(&ollama_line(&st.job, &st.meta, &text, false)));
+                } else {
+                    out.extend_from_slice(&sse(&openai_chunk(
+                        &st.job,
+                        &st.meta,
+                        Some(&text),
+                        false,
+                        None,
+                    )));
+                }
+            }
+            Some(Msg::Done(r)) => {
+                st.finished = true;
+                match *r {
+                    Ok(c) if ollama => {
+                        let mut v = ollama_line(&st.job, &st.meta, "", true);
+                        merge(&mut v, api::ollama_stats(&c, st.meta.load_seconds));
+                        out.extend_from_slice(&ndjson(&v));
+                    }
+                    Ok(c) => {
+                        let reason = api::finish_reason(&c.stop);
+                        let mut last = openai_chunk(&st.job, &st.meta, None, false, Some(reason));
+                        last["timings"] = api::timings(&c);
+                        out.extend_from_slice(&sse(&last));
+                        if st.job.include_usage {
+                            let mut u = openai_chunk(&st.job, &st.meta, None, false, None);
+                            u["choices"] = json!([]);
+                            u["usage"] = api::usage(&c);
+                            out.extend_from_slice(&sse(&u));
+                        }
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                    }
+                    Err(e) if ollama => {
+                        out.extend_from_slice(&ndjson(&json!({"error": api_error(&e).message})));
+                    }
+                    Err(e) => {
+                        out.extend_from_slice(&sse(&api_error(&e).openai_body()));
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                    }
+                }
+            }
+            None => return None,
+        }
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), st))
+    });
+    let content_type = if ollama {
+        "application/x-ndjson"
+    } else {
+        "text/event-stream"
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("a valid response")
+}

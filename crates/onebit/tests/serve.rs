@@ -1,0 +1,804 @@
+//! `onebit serve` over real HTTP: the server binary started on an ephemeral port against
+//! a tiny package (tiny-llama's GGUF converted, so its tokenizer really encodes), a
+//! blocking HTTP client, every route and every error status matched on its message.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{fixture, onebit};
+use serde_json::{json, Value};
+
+/// A running server; killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts `onebit serve MODEL --port 0 ARGS` and waits for its listening line
+    /// (and, unless `wait_ready` is false, for `/health` to say 200).
+    fn start(model: &Path, args: &[&str], wait_ready: bool) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_onebit"))
+            .arg("serve")
+            .arg(model)
+            .args(["--port", "0", "--threads", "1"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap().to_string();
+                        let _ = tx.send(addr);
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no listening line: {:?}", log.lock().unwrap()));
+        let server = Server {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        };
+        if wait_ready {
+            let start = Instant::now();
+            loop {
+                if let Ok(r) = client().get(server.url("/health")).send() {
+                    if r.status() == 200 {
+                        break;
+                    }
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "not ready: {:?}",
+                    server.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 10 s) until `count` log lines contain `needle`.
+    fn wait_log(&self, needle: &str, count: usize) {
+        let start = Instant::now();
+        while self.log().iter().filter(|l| l.contains(needle)).count() < count {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{count} x {needle:?} not in {:?}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+        )
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let r = client().get(self.url(path)).send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap())
+    }
+
+    /// The raw body of a POST (for streams), with its content type.
+    fn post_raw(&self, path: &str, body: &Value) -> (u16, String, String) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, r.text().unwrap())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+/// tiny-llama converted (model, config, a tokenizer that encodes) into a temp dir.
+fn tiny() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("tiny-llama");
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
+        .arg(&pkg)
+        .assert()
+        .success();
+    (dir, pkg)
+}
+
+fn chat(content: &str, max_tokens: u64) -> Value {
+    json!({
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+/// The `data:` payloads of an SSE body, checking the framing on the way.
+fn sse_events(body: &str) -> Vec<String> {
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body:?}");
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            assert!(e.starts_with("data: "), "not an SSE data event: {e:?}");
+            assert!(!e.contains('\n'), "one line per event: {e:?}");
+            e["data: ".len()..].to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn every_route_answers_in_its_shape() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    assert_eq!(s.get("/health"), (200, json!({"status": "ok"})));
+    let (st, v) = s.get("/v1/models");
+    assert_eq!(st, 200);
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "tiny-llama");
+    assert_eq!(v["data"][0]["object"], "model");
+    let (st, v) = s.get("/api/tags");
+    assert_eq!(st, 200);
+    let m = &v["models"][0];
+    assert_eq!(m["name"], "tiny-llama");
+    assert_eq!(m["details"]["family"], "llama");
+    assert_eq!(m["details"]["quantization_level"], "Q4_1");
+    assert!(m["size"].as_u64().unwrap() > 500_000, "{m}");
+    assert!(m["modified_at"].as_str().unwrap().ends_with('Z'), "{m}");
+    let (st, v) = s.get("/api/version");
+    assert_eq!(st, 200);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(s.get("/v1/version").0, 200);
+    let (st, v) = s.get("/api/ps");
+    assert_eq!(st, 200);
+    assert_eq!(v["models"][0]["name"], "tiny-llama");
+    let (st, v) = s.post("/api/show", &json!({"model": "tiny-llama"}));
+    assert_eq!(st, 200);
+    assert_eq!(v["model_info"]["general.architecture"], "llama");
+    assert_eq!(v["model_info"]["llama.context_length"], 256);
+    assert!(v["template"].as_str().unwrap().contains("<|im_start|>"));
+
+    // Chat, not streaming.
+    let (st, v) = s.post("/v1/chat/completions", &chat("Hello there", 8));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["model"], "tiny-llama");
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert_eq!(c["message"]["role"], "assistant");
+    assert!(c["message"]["content"].is_string());
+    assert!(["stop", "length"].contains(&c["finish_reason"].as_str().unwrap()));
+    let u = &v["usage"];
+    let completion = u["completion_tokens"].as_u64().unwrap();
+    assert!((1..=8).contains(&completion), "{u}");
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + completion
+    );
+    assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
+    let t = &v["timings"];
+    for key in [
+        "cache_n",
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+    ] {
+        assert!(t[key].is_number(), "timings.{key}: {t}");
+    }
+    assert_eq!(t["predicted_n"], u["completion_tokens"]);
+    assert!(t.get("draft_n").is_none(), "no drafter, no draft_n: {t}");
+
+    // Legacy completions, with token ids as the prompt.
+    let (st, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 17, 300], "max_tokens": 5, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["choices"][0]["text"].is_string());
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    // Ollama, not streaming.
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "tiny-llama", "prompt": "Hi", "stream": false, "options": {"num_predict": 4, "temperature": 0}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["done"], true);
+    assert!(v["response"].is_string());
+    assert_eq!(v["eval_count"], 4);
+    assert_eq!(v["done_reason"], "length");
+    for key in [
+        "total_duration",
+        "load_duration",
+        "prompt_eval_count",
+        "prompt_eval_duration",
+        "eval_duration",
+    ] {
+        assert!(v[key].is_u64(), "{key}: {v}");
+    }
+    // One log line per request.
+    s.wait_log("/v1/chat/completions 200 prompt ", 1);
+    s.wait_log("/api/generate 200 prompt ", 1);
+}
+
+#[test]
+fn sse_streams_are_framed_and_end_with_done() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let (_, whole) = s.post("/v1/chat/completions", &chat("Tell me a story", 12));
+    let mut body = chat("Tell me a story", 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (st, ct, text) = s.post_raw("/v1/chat/completions", &body);
+    assert_eq!(st, 200);
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let id = chunks[0]["id"].clone();
+    let mut content = String::new();
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], id);
+        assert_eq!(c["created"], chunks[0]["created"]);
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    // Every chunk but the usage chunk carries "usage": null; the usage chunk has no choices.
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage["usage"][key], whole["usage"][key], "{key}");
+    }
+    for c in &chunks[..chunks.len() - 1] {
+        assert!(c["usage"].is_null(), "{c}");
+    }
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(
+        finish["choices"][0]["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
+    assert_eq!(content, whole["choices"][0]["message"]["content"]);
+
+    // Legacy completions stream the same way, and without include_usage there is no
+    // usage chunk.
+    let (st, ct, text) = s.post_raw(
+        "/v1/completions",
+        &json!({"prompt": "Once upon", "max_tokens": 6, "temperature": 0, "stream": true}),
+    );
+    assert_eq!(st, 200);
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let events = sse_events(&text);
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"].as_array().unwrap().len(), 1, "{v}");
+        assert!(v.get("usage").is_none(), "{v}");
+    }
+}
+
+#[test]
+fn ollama_streams_ndjson() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let (st, ct, text) = s.post_raw(
+        "/api/chat",
+        &json!({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 6, "temperature": 0}}),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(ct, "application/x-ndjson");
+    assert!(text.ends_with('\n'));
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (last, pieces) = lines.split_last().unwrap();
+    let mut content = String::new();
+    for l in pieces {
+        assert_eq!(l["done"], false);
+        assert_eq!(l["model"], "tiny-llama");
+        assert_eq!(l["message"]["role"], "assistant");
+        content.push_str(l["message"]["content"].as_str().unwrap());
+    }
+    assert_eq!(last["done"], true);
+    assert_eq!(last["eval_count"], 6);
+    assert_eq!(last["done_reason"], "length");
+    let (_, whole) = s.post(
+        "/api/chat",
+        &json!({"model": "tiny-llama", "stream": false, "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 6, "temperature": 0}}),
+    );
+    assert_eq!(whole["message"]["content"], content.as_str());
+    assert_eq!(whole["done"], true);
+}
+
+/// Asserts an OpenAI error object with `status` whose message contains `message`.
+fn assert_error(got: (u16, Value), status: u16, message: &str) -> Value {
+    let (st, v) = got;
+    assert_eq!(st, status, "{v}");
+    let e = &v["error"];
+    assert!(
+        e["message"].as_str().unwrap().contains(message),
+        "{message:?} not in {e}"
+    );
+    assert!(e["type"].is_string(), "{e}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{e}");
+    e.clone()
+}
+
+#[test]
+fn errors_are_openai_objects_matched_on_their_message() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &["--ctx-len", "128"], true);
+    let raw = |path: &str, body: &str| -> (u16, Value) {
+        let r = client()
+            .post(s.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap())
+    };
+    assert_error(
+        raw("/v1/chat/completions", "{\"messages\": ["),
+        400,
+        "malformed JSON body",
+    );
+    let e = assert_error(
+        raw(
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": 7}]}"#,
+        ),
+        400,
+        "invalid field 'messages[0].content'",
+    );
+    assert_eq!(e["param"], "messages[0].content");
+    let e = assert_error(
+        raw(
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#,
+        ),
+        400,
+        "invalid field 'temperature'",
+    );
+    assert_eq!(e["param"], "temperature");
+    assert_error(
+        s.post("/v1/chat/completions", &json!({"model": "tiny-llama"})),
+        400,
+        "'messages' is required",
+    );
+    let mut body = chat("x", 4);
+    body["n"] = json!(2);
+    let e = assert_error(s.post("/v1/chat/completions", &body), 400, "'n' must be 1");
+    assert_eq!(e["param"], "n");
+    let mut body = chat("x", 4);
+    body["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
+    assert_error(
+        s.post("/v1/chat/completions", &body),
+        400,
+        "'tools' is not supported",
+    );
+    let mut body = chat("x", 4);
+    body["temperature"] = json!(-1);
+    let e = assert_error(
+        s.post("/v1/chat/completions", &body),
+        400,
+        "temperature must be a finite number >= 0, got -1",
+    );
+    assert_eq!(e["param"], "temperature");
+    let mut body = chat("x", 4);
+    body["messages"][0]["role"] = json!("wizard");
+    assert_error(
+        s.post("/v1/chat/completions", &body),
+        400,
+        "messages[0].role: 'wizard' is not one of",
+    );
+    let mut body = chat("x", 4);
+    body["model"] = json!("gpt-17");
+    let e = assert_error(
+        s.post("/v1/chat/completions", &body),
+        404,
+        "The model 'gpt-17' does not exist",
+    );
+    assert_eq!(e["code"], "model_not_found");
+    assert_eq!(e["type"], "invalid_request_error");
+    // Context: 128 positions here.
+    let e = assert_error(
+        s.post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, 3], "max_tokens": 200}),
+        ),
+        400,
+        "the prompt has 3 tokens and max_tokens is 200, but the context holds 128 tokens",
+    );
+    assert_eq!(e["code"], "exceed_context_size_error");
+    assert_error(
+        s.post("/v1/completions", &json!({"prompt": [1, 2, 999999]})),
+        400,
+        "target: token id 999999 is outside the vocabulary of 512",
+    );
+    // 413 on an oversized body.
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(onebit_max_body() + 10));
+    assert_error(
+        raw("/v1/completions", &big),
+        413,
+        "the request body exceeds 4194304 bytes",
+    );
+    // Unknown routes.
+    let (st, v) = s.get("/v1/nothing");
+    assert_eq!(st, 404);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no route for GET /v1/nothing"));
+    // Ollama's native error shape.
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"model": "llama9", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(st, 404);
+    assert_eq!(v, json!({"error": "model 'llama9' not found"}));
+    let (st, v) = s.post("/api/show", &json!({"model": "llama9"}));
+    assert_eq!(st, 404);
+    assert_eq!(v, json!({"error": "model 'llama9' not found"}));
+    // The server is still fine.
+    assert_eq!(s.post("/v1/chat/completions", &chat("x", 2)).0, 200);
+}
+
+fn onebit_max_body() -> usize {
+    4 << 20
+}
+
+#[test]
+fn health_is_503_while_loading_then_200() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &["--debug-load-delay-ms", "1500"], false);
+    let (st, v) = s.get("/health");
+    assert_eq!(st, 503);
+    assert_eq!(
+        v,
+        json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+    );
+    let r = client().get(s.url("/api/tags")).send().unwrap();
+    assert_eq!(r.status(), 503);
+    assert_error(
+        s.post("/v1/chat/completions", &chat("x", 2)),
+        503,
+        "Loading model",
+    );
+    let start = Instant::now();
+    while s.get("/health").0 != 200 {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.get("/api/tags").0, 200);
+}
+
+#[test]
+fn concurrent_answers_equal_sequential_ones() {
+    let (_dir, pkg) = tiny();
+    let s = Arc::new(Server::start(
+        &pkg,
+        &["--parallel", "2", "--q-len", "16"],
+        true,
+    ));
+    let prompts: Vec<String> = (0..6).map(|i| format!("Prompt number {i} says")).collect();
+    let sequential: Vec<Value> = prompts
+        .iter()
+        .map(|p| s.post("/v1/chat/completions", &chat(p, 16)).1["choices"][0]["message"].clone())
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .cloned()
+        .map(|p| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let (st, v) = s.post("/v1/chat/completions", &chat(&p, 16));
+                assert_eq!(st, 200, "{v}");
+                v["choices"][0]["message"].clone()
+            })
+        })
+        .collect();
+    let concurrent: Vec<Value> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(concurrent, sequential);
+}
+
+#[test]
+fn a_follow_up_turn_reuses_the_cached_prefix() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let first = chat("The first question is about cats and dogs", 10);
+    let (_, a) = s.post("/v1/chat/completions", &first);
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let answer = a["choices"][0]["message"]["content"].as_str().unwrap();
+    let mut second = first.clone();
+    second["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": answer}));
+    second["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "user", "content": "And the second?"}));
+    let (st, b) = s.post("/v1/chat/completions", &second);
+    assert_eq!(st, 200, "{b}");
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let first_prompt = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= first_prompt,
+        "cached {cached} < {first_prompt}: {b}"
+    );
+    assert_eq!(b["timings"]["cache_n"].as_u64().unwrap(), cached);
+    assert_eq!(
+        b["timings"]["prompt_n"].as_u64().unwrap() + cached,
+        b["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    // The answer equals a fresh server's (reuse never changes the text).
+    let fresh = Server::start(&pkg, &[], true);
+    let (_, c) = fresh.post("/v1/chat/completions", &second);
+    assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(c["choices"], b["choices"]);
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let body =
+        json!({"prompt": [1, 40, 50], "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+    let (_, v) = s.post("/v1/completions", &body);
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 12, "{text:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let mut with_stop = body.clone();
+    with_stop["stop"] = json!(["\u{1}never", stop]);
+    let (_, w) = s.post("/v1/completions", &with_stop);
+    let expected = &text[..text.find(&stop).unwrap()];
+    assert_eq!(w["choices"][0]["text"], expected, "stop {stop:?}");
+    assert_eq!(w["choices"][0]["finish_reason"], "stop");
+    // Streamed: the same text, the stop string never sent.
+    with_stop["stream"] = json!(true);
+    let (_, _, raw) = s.post_raw("/v1/completions", &with_stop);
+    let events = sse_events(&raw);
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, expected);
+}
+
+/// Sends a raw HTTP/1.1 POST on a socket and returns it (unread).
+fn raw_post(s: &Server, path: &str, body: &Value) -> std::net::TcpStream {
+    let addr = s.base.trim_start_matches("http://");
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(
+        sock,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    sock
+}
+
+#[test]
+fn a_disconnect_cancels_the_generation_and_frees_the_session() {
+    let (_dir, pkg) = tiny();
+    // 20 ms a token: 200 tokens would hold the only session for 4 s.
+    let s = Server::start(&pkg, &["--debug-token-delay-ms", "20"], true);
+    let long = json!({"prompt": [1, 5, 9], "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true});
+    // Streaming: read the first event, then go away.
+    let mut sock = raw_post(&s, "/v1/completions", &long);
+    let mut first = [0u8; 64];
+    let n = sock.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    drop(sock);
+    let start = Instant::now();
+    let (st, _) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2], "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(st, 200);
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_millis(2500), "waited {waited:?}");
+    // Not streaming: the client goes away while waiting for the whole answer.
+    let mut whole = long.clone();
+    whole["stream"] = json!(false);
+    let sock = raw_post(&s, "/v1/completions", &whole);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(sock);
+    std::thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let (st, _) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2], "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(st, 200);
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_millis(2500), "waited {waited:?}");
+    s.wait_log("stop: cancelled", 2);
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let (_dir, pkg) = tiny();
+    let s = Arc::new(Server::start(
+        &pkg,
+        &["--q-len", "1", "--debug-token-delay-ms", "20"],
+        true,
+    ));
+    let long =
+        json!({"prompt": [1, 5, 9], "max_tokens": 100, "temperature": 0, "ignore_eos": true});
+    let running = {
+        let (s, long) = (s.clone(), long.clone());
+        std::thread::spawn(move || s.post("/v1/completions", &long))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let queued = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            s.post(
+                "/v1/completions",
+                &json!({"prompt": [1, 2], "max_tokens": 2, "temperature": 0}),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": [1, 2], "max_tokens": 2}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the queue (--q-len 1) is full"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["code"], "queue_full");
+    assert_eq!(running.join().unwrap().0, 200);
+    assert_eq!(queued.join().unwrap().0, 200);
+}
+
+#[test]
+fn the_openai_python_package_chats_with_smollm2() {
+    let pkg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
+    if !pkg.join("model.q4nx").exists() {
+        test_support::skip!(
+            "the_openai_python_package_chats_with_smollm2",
+            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
+        );
+        return;
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/openai-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "python3 -m venv failed");
+    }
+    let has = Command::new(&python)
+        .args(["-c", "import openai"])
+        .status()
+        .unwrap()
+        .success();
+    if !has {
+        let ok = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "pip install openai failed");
+    }
+    let s = Server::start(&pkg, &["--alias", "smollm2"], true);
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
+r = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=24,
+    messages=[{"role": "user", "content": "What is the capital of France?"}])
+whole = r.choices[0].message.content
+assert whole.strip(), whole
+assert r.choices[0].finish_reason in ("stop", "length")
+assert r.usage.completion_tokens > 0
+parts = []
+for chunk in client.chat.completions.create(model="smollm2", temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "What is the capital of France?"}]):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+assert "".join(parts) == whole, ("".join(parts), whole)
+try:
+    client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    raise SystemExit("no error for an unknown model")
+except openai.NotFoundError as e:
+    assert "does not exist" in str(e), e
+print("ok", whole)
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &s.base])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"));
+}
