@@ -325,6 +325,10 @@ pub struct AdaptiveK {
     /// The last probe succeeded: the next probes follow at once, not held back by
     /// the probe budget (which is for a drafter that keeps failing).
     recovering: bool,
+    /// A probe has failed: from then on the probe budget holds probes back (the first
+    /// probe comes after `probe_after` steps whatever it costs: without one, nothing
+    /// is ever learnt about the drafter).
+    failed_probe: bool,
 }
 
 impl AdaptiveK {
@@ -336,6 +340,7 @@ impl AdaptiveK {
             streak: 0,
             probing: false,
             recovering: false,
+            failed_probe: false,
             config,
         }
     }
@@ -368,9 +373,9 @@ impl AdaptiveK {
             };
         }
         self.streak += 1;
-        let floor = match self.recovering {
-            true => 0,
-            false => self.probe_floor(costs, draft_cost),
+        let floor = match self.failed_probe && !self.recovering {
+            true => self.probe_floor(costs, draft_cost),
+            false => 0,
         };
         if self.streak >= self.gap.max(floor) {
             self.streak = 0;
@@ -408,6 +413,7 @@ impl AdaptiveK {
         self.estimate.record(drafted, accepted);
         if std::mem::take(&mut self.probing) {
             self.recovering = accepted > 0;
+            self.failed_probe |= accepted == 0;
             self.gap = if accepted > 0 {
                 1
             } else {
