@@ -7,9 +7,10 @@
 //! minutes of building on a small machine, so not part of CI.
 //!
 //! A pass of n rows costs n / (llama-bench's `pp<n>` tokens/s); onebit bench times its
-//! passes directly. `--context N` adds llama-bench's `-d N` (the same tests after N
-//! tokens of KV cache); `onebit bench` has no context option yet, so its side of that
-//! table is reported as not measured.
+//! passes directly. `--context N` adds a second table at depth N: llama-bench's `-d N`
+//! (decode and the 1- and 8-row passes after N tokens of KV cache) and its `pp N` (a
+//! prompt of N tokens from empty), beside `onebit bench --context N` (which prefills N
+//! tokens, then decodes and times its passes at that depth).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -142,8 +143,24 @@ pub fn run(args: &[String]) -> Result<()> {
 
     step!("[5/5] onebit bench on {}", model.display());
     let ours = run_onebit_bench(&onebit, &model, o.threads, &o.onebit_extra)?;
+    let ours_deep = match o.context {
+        Some(n) => {
+            let mut extra = o.onebit_extra.clone();
+            extra.extend(["--context".to_string(), n.to_string()]);
+            Some(run_onebit_bench(&onebit, &model, o.threads, &extra)?)
+        }
+        None => None,
+    };
 
-    let report = Report::new(&o, load_before, &root, &gguf, &model, &peer_rows, &ours)?;
+    let report = Report::new(
+        &o,
+        load_before,
+        &root,
+        &gguf,
+        &model,
+        &peer_rows,
+        (&ours, ours_deep.as_ref()),
+    )?;
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
@@ -439,9 +456,13 @@ fn run_llama_bench(bin: &Path, gguf: &Path, o: &Options, peer: &Path) -> Result<
         .arg(gguf)
         .args(["-t", &o.threads.to_string()])
         // pp1 and pp8: the 1- and 8-row passes; pp128 and tg128: prefill and decode.
-        .args(["-p", "1,8,128", "-n", "128", "-o", "json"]);
+        .args(["-n", "128", "-o", "json"]);
+    if o.context.is_none() {
+        cmd.args(["-p", "1,8,128"]);
+    }
     if let Some(n) = o.context {
-        cmd.args(["-d", &format!("0,{n}")]);
+        // pp N from empty is the long-prompt prefill; every test also runs at depth N.
+        cmd.args(["-p", &format!("1,8,128,{n}"), "-d", &format!("0,{n}")]);
     }
     cmd.args(&o.llama_extra);
     let shown = format!("{cmd:?}");
@@ -492,11 +513,13 @@ fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) 
         .arg(model)
         .args(["--json", "--threads", &threads.to_string()]);
     // The same work as llama-bench's pp128 and tg128, unless the caller chose otherwise.
+    let context = extra.iter().any(|e| e == "--context");
     for (flag, v) in [("--prefill-tokens", "128"), ("--decode-tokens", "128")] {
-        if !extra
+        let given = extra
             .iter()
-            .any(|e| e == flag || e.starts_with(&format!("{flag}=")))
-        {
+            .any(|e| e == flag || e.starts_with(&format!("{flag}=")));
+        // At --context N the prompt is the N tokens.
+        if !(given || context && flag == "--prefill-tokens") {
             cmd.args([flag, v]);
         }
     }
@@ -540,6 +563,19 @@ struct Figures {
 impl Figures {
     fn cost_8_vs_1(&self) -> Option<f64> {
         Some(self.pass8_ms? / self.pass1_ms?)
+    }
+
+    /// llama-bench's figures at `depth`; a deep table's prefill is `pp depth` from empty
+    /// (a long prompt), the others are the usual tests run at that depth.
+    fn from_peer_deep(rows: &[PeerRow], depth: u64) -> Self {
+        let prefill = rows
+            .iter()
+            .find(|r| r.n_prompt == depth && r.n_gen == 0 && r.n_depth == 0)
+            .map(|r| r.avg_ts);
+        Figures {
+            prefill_tps: prefill,
+            ..Figures::from_peer(rows, depth)
+        }
     }
 
     fn from_peer(rows: &[PeerRow], depth: u64) -> Self {
@@ -618,6 +654,7 @@ struct Report {
     peer: Figures,
     peer_deep: Option<Figures>,
     ours: Figures,
+    ours_deep: Option<Figures>,
     onebit_raw: Value,
     peer_raw: Vec<Value>,
 }
@@ -676,7 +713,8 @@ impl Report {
         gguf: &Path,
         model: &Path,
         peer_rows: &[PeerRow],
-        onebit: &Value,
+        // `onebit bench`'s JSON, and at --context N its deep run's.
+        (onebit, onebit_deep): (&Value, Option<&Value>),
     ) -> Result<Self> {
         let (cpu, isa) = cpu_info();
         let first = peer_rows
@@ -698,8 +736,11 @@ impl Report {
             llama_extra: o.llama_extra.clone(),
             context: o.context,
             peer: Figures::from_peer(peer_rows, 0),
-            peer_deep: o.context.map(|n| Figures::from_peer(peer_rows, n as u64)),
+            peer_deep: o
+                .context
+                .map(|n| Figures::from_peer_deep(peer_rows, n as u64)),
             ours: Figures::from_onebit(onebit),
+            ours_deep: onebit_deep.map(Figures::from_onebit),
             onebit_raw: onebit.clone(),
             peer_raw: peer_rows.iter().map(|r| r.raw.clone()).collect(),
         })
@@ -771,12 +812,25 @@ impl Report {
         println!("onebit bench: prefill best of 2; decode steps after the prompt; n-row passes best of 12 after those, rolled back each time.");
         if let (Some(n), Some(deep)) = (self.context, &self.peer_deep) {
             println!();
-            println!("at context {n} (llama-bench -d {n}):");
-            println!("{:<20} {:>11} {:>11}", "figure", "llama.cpp", "onebit");
+            println!(
+                "at context {n}: llama-bench -d {n} (prefill: pp{n} from empty) beside onebit bench --context {n}:"
+            );
+            println!(
+                "{:<20} {:>11} {:>11} {:>17}",
+                "figure", "llama.cpp", "onebit", "onebit/llama.cpp"
+            );
+            let ours = self.ours_deep.unwrap_or_default();
             for (name, _, _, get) in ROWS {
-                println!("{:<20} {:>11} {:>11}", name, fmt(get(deep)), "-");
+                let (p, o) = (get(deep), get(&ours));
+                let ratio = p.zip(o).map(|(p, o)| format!("{:.2}", o / p));
+                println!(
+                    "{:<20} {:>11} {:>11} {:>17}",
+                    name,
+                    fmt(p),
+                    fmt(o),
+                    ratio.unwrap_or_else(|| "-".into())
+                );
             }
-            println!("onebit: not measured (onebit bench has no --context yet)");
         }
     }
 
@@ -812,8 +866,7 @@ impl Report {
             "figures": table(Some(&self.ours), &self.peer),
             "context": self.context.zip(self.peer_deep.as_ref()).map(|(n, deep)| json!({
                 "tokens": n,
-                "figures": table(None, deep),
-                "onebit": "not measured (onebit bench has no --context yet)",
+                "figures": table(self.ours_deep.as_ref(), deep),
             })),
             "llama_bench_raw": self.peer_raw,
             "onebit_bench_raw": self.onebit_raw,
@@ -854,6 +907,22 @@ mod tests {
         assert_eq!(deep.pass1_ms, Some(20.0));
         assert_eq!(deep.pass8_ms, None);
         assert_eq!(deep.cost_8_vs_1(), None);
+    }
+
+    #[test]
+    fn a_deep_table_takes_its_prefill_from_pp_n_at_depth_zero() {
+        let rows = [
+            row(128, 0, 0, 1000.0),
+            row(2048, 0, 0, 225.0),
+            row(2048, 0, 2048, 120.0),
+            row(128, 0, 2048, 300.0),
+            row(0, 128, 2048, 40.0),
+            row(1, 0, 2048, 50.0),
+        ];
+        let deep = Figures::from_peer_deep(&rows, 2048);
+        assert_eq!(deep.prefill_tps, Some(225.0));
+        assert_eq!(deep.decode_tps, Some(40.0));
+        assert_eq!(deep.pass1_ms, Some(20.0));
     }
 
     #[test]

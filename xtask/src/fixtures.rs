@@ -124,6 +124,16 @@ pub fn run(args: &[String]) -> Result<()> {
         "fixtures: wrote {} (small synthetic DFlash draft)",
         small.display()
     );
+    let smollm2 = out.join("smollm2-draft");
+    dflash_draft::synthetic::write_synthetic(
+        &smollm2,
+        &dflash_draft::synthetic::smollm2_config(),
+        135,
+    )?;
+    println!(
+        "fixtures: wrote {} (synthetic DFlash draft of SmolLM2 geometry: random weights, never right)",
+        smollm2.display()
+    );
     if !args.iter().any(|a| a == "--no-bolt") {
         let start = std::time::Instant::now();
         let bolt = out.join("bolt-draft");

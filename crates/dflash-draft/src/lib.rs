@@ -18,7 +18,8 @@
 //!
 //! [`draft_forward`] / [`draft_forward_cached`] run the draft (context fusion, a
 //! [`DraftKvCache`] of committed positions, the non-causal block pass) on the target
-//! runtime's kernels.
+//! runtime's kernels: the `q8` integer family by default, the `f32` family as the
+//! reference ([`DraftPrecision`]).
 //!
 //! [`import_zlab`] turns a z-lab (Hugging Face) DFlash draft into a package;
 //! [`synthetic`] makes formula-defined packages for tests and fixtures.
@@ -53,8 +54,8 @@ pub use config::{
 };
 pub use error::{DraftError, Result};
 pub use forward::{
-    draft_forward, draft_forward_cached, fuse_context, DraftHooks, DraftKvCache, DraftOutput,
-    DraftWeights,
+    draft_block, draft_forward, draft_forward_cached, fuse_context, DraftHooks, DraftKvCache,
+    DraftOutput, DraftPrecision, DraftWeights,
 };
 pub use import::{import_zlab, ImportReport};
 pub use orientation::{fusion_orientation, Orientation};

@@ -132,6 +132,33 @@ pub fn bolt_config() -> DraftConfig {
     }
 }
 
+/// A draft of SmolLM2-135M's geometry (the target `cargo xtask fetch-model smollm2`
+/// fetches: 30 layers, hidden 576, vocabulary 49152): 2 layers, 9 query / 3 key-value
+/// heads of 64, intermediate 1536, block 8, 5 taps spread over the target's layers
+/// (z-lab's rule: `round(1 + i * 26 / 4)`, i = 0..5), the mask token the vocabulary's
+/// last id. With synthetic weights its drafts are noise: the "never right" draft whose
+/// round cost the speculative loop must not pay for long.
+pub fn smollm2_config() -> DraftConfig {
+    DraftConfig {
+        num_layers: 2,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        block_size: 8,
+        mask_token_id: 49_151,
+        target_layer_ids: vec![1, 8, 14, 20, 27],
+        sliding_window: None,
+        rope_theta: 100_000.0,
+        rms_norm_eps: 1e-5,
+        embedding_scale: 1.0,
+        vocab_size: Some(49_152),
+        max_position_embeddings: 8192,
+        weights: DEFAULT_WEIGHTS.into(),
+    }
+}
+
 /// Writes a synthetic package for `config` into `dir`.
 pub fn write_synthetic(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()> {
     let mut b = PackageBuilder::new(config.clone());

@@ -2,7 +2,10 @@
 //! commits (synthetic draft, random tap rows).
 
 use dflash_draft::synthetic::{small_config, write_synthetic};
-use dflash_draft::{draft_forward, draft_forward_cached, load_draft, DraftHooks, DraftKvCache};
+use dflash_draft::{
+    draft_forward, draft_forward_cached, load_draft, DraftHooks, DraftKvCache, DraftPrecision,
+};
+use onebit_kernels::Isa;
 
 struct Hooks;
 
@@ -29,12 +32,58 @@ fn lcg(s: &mut u64) -> u64 {
     *s >> 33
 }
 
+/// At the default precision (`q8`, what the CLI runs) and at the f32 reference.
 #[test]
 fn cached_equals_scratch_over_random_rounds() {
     let dir = tempfile::tempdir().unwrap();
     write_synthetic(dir.path(), &small_config(), 5).unwrap();
     let draft = load_draft(dir.path()).unwrap();
-    let w = draft.weights().unwrap();
+    assert_eq!(
+        draft.weights().unwrap().precision(),
+        DraftPrecision::Q8,
+        "the default"
+    );
+    for precision in [DraftPrecision::Q8, DraftPrecision::F32] {
+        let w = draft.weights_at(Isa::detect(), precision).unwrap();
+        assert_eq!(w.precision(), precision);
+        cached_equals_scratch(&w);
+    }
+}
+
+/// The default (`q8`) and reference (`f32`) arithmetic draft nearly the same rows,
+/// and each is deterministic: the same round twice gives the same bits.
+#[test]
+fn q8_draft_is_close_to_the_f32_reference_and_repeats_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let (q8, f32w) = (draft.weights().unwrap(), draft.reference_weights().unwrap());
+    let width = q8.config.context_width();
+    let mut rng = 7u64;
+    let context: Vec<f32> = (0..9 * width)
+        .map(|_| (lcg(&mut rng) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let block = [5u32, 511, 511, 511];
+    let run = |w| {
+        draft_forward(w, &context, 9, &block, 9, &Hooks)
+            .unwrap()
+            .hidden
+    };
+    let (a, b) = (run(&q8), run(&f32w));
+    assert!(run(&q8) == a, "q8 draft is not deterministic");
+    let (mut diff, mut norm) = (0f32, 0f32);
+    for (x, y) in a.iter().zip(&b) {
+        diff = diff.max((x - y).abs());
+        norm = norm.max(y.abs());
+    }
+    assert!(a != b, "q8 and f32 are different arithmetic");
+    assert!(
+        diff < 0.05 * norm,
+        "q8 strays {diff} from f32 (max |f32| {norm})"
+    );
+}
+
+fn cached_equals_scratch(w: &dflash_draft::DraftWeights) {
     let width = w.config.context_width();
     let mut rng = 99u64;
     let row = |rng: &mut u64| -> Vec<f32> {
@@ -53,7 +102,7 @@ fn cached_equals_scratch_over_random_rounds() {
             .chain([511; 3])
             .collect();
         let cached = draft_forward_cached(
-            &w,
+            w,
             &mut cache,
             &new_rows,
             new_rows.len() / width,
@@ -62,7 +111,7 @@ fn cached_equals_scratch_over_random_rounds() {
             &Hooks,
         )
         .unwrap();
-        let scratch = draft_forward(&w, &committed, pos, &block, pos, &Hooks).unwrap();
+        let scratch = draft_forward(w, &committed, pos, &block, pos, &Hooks).unwrap();
         assert!(
             cached == scratch,
             "round {round}: cached and scratch differ"
@@ -74,7 +123,7 @@ fn cached_equals_scratch_over_random_rounds() {
         committed.extend_from_slice(&new_rows);
     }
     // A misaligned draft is refused with the position rule in the message.
-    let err = draft_forward_cached(&w, &mut cache, &[], 0, &[1, 511, 511, 511], 3, &Hooks)
+    let err = draft_forward_cached(w, &mut cache, &[], 0, &[1, 511, 511, 511], 3, &Hooks)
         .unwrap_err()
         .to_string();
     assert!(err.contains("drafting at position 3 over"), "{err}");

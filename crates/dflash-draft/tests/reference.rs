@@ -121,7 +121,7 @@ fn block_zero_matches_the_reference() {
     assert!(d_prompt_logits < 1.7e-5, "{d_prompt_logits:.2e}");
     assert_eq!(argmax(&logits[9 * 512..]), 357);
 
-    let w = s.draft.weights().unwrap();
+    let w = s.draft.reference_weights().unwrap();
     let fused = fuse_context(&w, &context, 10);
     let d_fused = max_diff(&fused, &f("fused"));
     // The same equation with the source's float32 fusion matrix: the forward itself is
@@ -198,7 +198,7 @@ fn plain_greedy_and_speculative_loop_match_the_reference() {
 
     // The z-lab loop: draft a block, verify it in one target pass, keep the matching
     // prefix plus the target's own next token, roll the target back to what was kept.
-    let w = s.draft.weights().unwrap();
+    let w = s.draft.reference_weights().unwrap();
     let mut target = CpuTarget::new(&s.target).unwrap();
     let sink = Arc::new(Mutex::new(TapRows::new(0)));
     target

@@ -276,6 +276,11 @@ pub struct AdaptiveConfig {
     pub probe_after: usize,
     /// A failed probe doubles the wait before the next, up to this many steps.
     pub probe_max: usize,
+    /// The share of the time paid probes may cost a drafter that is never right: the
+    /// wait before a probe is at least its cost (the draft round plus the verify
+    /// pass's extra row) over this fraction of a plain step, whatever `probe_after`
+    /// and `probe_max` say (0: no floor).
+    pub probe_budget: f64,
     /// When a draft round costs less than this fraction of a 1-row pass, plain steps
     /// still ask the drafter for one token and compare it with the target's: free
     /// evidence of acceptance (a "shadow" probe).
@@ -290,6 +295,7 @@ impl Default for AdaptiveConfig {
             prior: 0.5,
             probe_after: 8,
             probe_max: 64,
+            probe_budget: 0.01,
             shadow_below: 0.05,
         }
     }
@@ -316,6 +322,13 @@ pub struct AdaptiveK {
     /// Plain steps to wait before the next probe.
     gap: usize,
     probing: bool,
+    /// The last probe succeeded: the next probes follow at once, not held back by
+    /// the probe budget (which is for a drafter that keeps failing).
+    recovering: bool,
+    /// A probe has failed: from then on the probe budget holds probes back (the first
+    /// probe comes after `probe_after` steps whatever it costs: without one, nothing
+    /// is ever learnt about the drafter).
+    failed_probe: bool,
 }
 
 impl AdaptiveK {
@@ -326,6 +339,8 @@ impl AdaptiveK {
             gap: config.probe_after.max(1),
             streak: 0,
             probing: false,
+            recovering: false,
+            failed_probe: false,
             config,
         }
     }
@@ -358,7 +373,11 @@ impl AdaptiveK {
             };
         }
         self.streak += 1;
-        if self.streak >= self.gap {
+        let floor = match self.failed_probe && !self.recovering {
+            true => self.probe_floor(costs, draft_cost),
+            false => 0,
+        };
+        if self.streak >= self.gap.max(floor) {
             self.streak = 0;
             self.probing = true;
             return Choice {
@@ -374,11 +393,27 @@ impl AdaptiveK {
         }
     }
 
+    /// Plain steps a probe must wait for its cost to stay within the probe budget: a
+    /// 1-draft probe costs the draft round and a 2-row pass instead of a 1-row one.
+    fn probe_floor(&self, costs: &[f64], draft_cost: f64) -> usize {
+        let one = costs.first().copied().unwrap_or(1.0);
+        let extra_row = costs.get(1).map_or(0.0, |two| (two - one).max(0.0));
+        let cost = draft_cost.max(0.0) + extra_row;
+        let steps = cost / (self.config.probe_budget * one);
+        if steps.is_finite() && steps > 0.0 {
+            steps.ceil().min(1e6) as usize
+        } else {
+            0
+        }
+    }
+
     /// A verified round (a probe's outcome sets the wait before the next probe: at
     /// once after a success, twice as long after a failure).
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
         self.estimate.record(drafted, accepted);
         if std::mem::take(&mut self.probing) {
+            self.recovering = accepted > 0;
+            self.failed_probe |= accepted == 0;
             self.gap = if accepted > 0 {
                 1
             } else {

@@ -4,10 +4,11 @@
 //! rejected verify rows included). At `draft()` it folds the sink rows its
 //! [`DraftKvCache`] does not hold yet — only committed ones, since the sink was trimmed
 //! after every verify — and drafts the block `[last token, mask, ...]` with the cached
-//! draft forward. `commit_rows(m)` trims the sink back to its size at `draft()` time
-//! plus the `m` positions the round kept; after a plain step there is nothing to trim.
+//! draft forward, scoring only the k rows the round asks for with the target's head.
+//! `commit_rows(m)` trims the sink back to its size at `draft()` time plus the `m`
+//! positions the round kept; after a plain step there is nothing to trim.
 
-use dflash_draft::{draft_forward_cached, DraftHooks, DraftKvCache, DraftOutput, DraftWeights};
+use dflash_draft::{draft_block, DraftHooks, DraftKvCache, DraftOutput, DraftWeights};
 use npu_runtime::TapSink;
 
 use crate::head::DraftHead;
@@ -79,7 +80,8 @@ impl DraftHead for DFlashHead<'_, '_> {
         let n_new = rows - self.cache.len().min(rows);
         let mut block = vec![last_token];
         block.extend(std::iter::repeat_n(c.mask_token_id, c.block_size - 1));
-        match draft_forward_cached(
+        // Only the k rows the round verifies are scored with the target's head.
+        match draft_block(
             self.weights,
             &mut self.cache,
             &new_rows,
@@ -87,10 +89,11 @@ impl DraftHead for DFlashHead<'_, '_> {
             &block,
             rows,
             self.hooks.as_ref(),
+            k,
         ) {
             Ok(out) => {
                 self.mark = Some(rows);
-                let drafts = out.tokens.iter().take(k).copied().collect();
+                let drafts = out.tokens.clone();
                 self.last_output = Some(out);
                 Some(drafts)
             }

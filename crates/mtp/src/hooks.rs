@@ -6,7 +6,8 @@ use npu_runtime::{argmax, CpuModel, CpuOptions, HeadKind, TargetPackage};
 use std::sync::Arc;
 
 /// Embeds with the target model's embedding and picks `argmax(head(hidden))` with its
-/// head: the same path the target's own passes take.
+/// head (the same weights the target's own passes read; at `q8x2` over one int8 level
+/// of activations, see [`CpuModel::proposal_logits`]), on the target model's team.
 pub struct PackageHooks {
     model: Arc<CpuModel>,
 }
@@ -48,11 +49,18 @@ impl DraftHooks for PackageHooks {
             .expect("ids clamped to the vocabulary embed")
     }
 
+    /// `argmax` of the head's proposal logits ([`CpuModel::proposal_logits`]: one int8
+    /// level at `q8x2`): the picks only steer proposals, verification decides.
     fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
         let vocab = self.model.config().vocab_size;
-        let logits = self.logits(hidden, n);
+        let logits = self.model.proposal_logits(hidden, n);
         (0..n)
             .map(|i| argmax(&logits[i * vocab..(i + 1) * vocab]) as u32)
             .collect()
+    }
+
+    /// The round runs on the target model's thread team.
+    fn install(&self, f: &mut dyn FnMut()) {
+        self.model.install(f)
     }
 }

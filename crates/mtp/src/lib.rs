@@ -45,6 +45,6 @@ pub use head::DraftHead;
 pub use hooks::PackageHooks;
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason};
+pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK};
 pub use sample::{Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

@@ -10,6 +10,10 @@ use crate::head::DraftHead;
 use crate::sample::{Sampler, SamplingConfig, SamplingError};
 use crate::stats::Stats;
 
+/// Prompt tokens per prefill pass at most: bounds the activations and attention scratch
+/// of a long prompt (the result is the same bits for every chunk size).
+pub const PREFILL_CHUNK: usize = 512;
+
 /// How to run.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -159,8 +163,10 @@ fn generate(
     let mut policy = options.adaptive.clone().map(AdaptiveK::new);
     let mut draft_cost: Option<f64> = None;
     let t0 = Instant::now();
-    // Prefill: only the last prompt row's logits are used.
-    let logits = base.forward_last(fresh)?;
+    // Prefill of the fresh tokens, in chunks of bounded memory: only the last prompt
+    // row's logits are used (the same bits for every chunk size).
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let logits = base.prefill(fresh, PREFILL_CHUNK, &never)?;
     stats.target_seconds += t0.elapsed().as_secs_f64();
     let s0 = Instant::now();
     let mut next = sampler.pick(row(&logits, vocab, 0));

@@ -272,3 +272,41 @@ fn pass_costs_interpolate_and_follow_timings() {
     c.record(3, -1.0);
     assert_eq!(c, before);
 }
+
+/// A drafter that is never right and costs 0.4 of a plain step: after it falls to
+/// k = 0, its paid probes (the round plus the verify's extra row) cost at most the
+/// probe budget (1%) of the time the plain steps between them take.
+#[test]
+fn probes_of_a_costly_never_right_drafter_stay_within_the_budget() {
+    let costs = cheap_rows();
+    let draft = 0.004;
+    let mut p = policy();
+    let (mut plain, mut probing, mut since, mut gaps) = (0.0, 0.0, 0usize, Vec::new());
+    for step in 0..2000 {
+        let c = p.choose(&costs, draft, 7, false);
+        assert!(!c.shadow);
+        since += 1;
+        if c.k == 0 {
+            plain += costs[0];
+            continue;
+        }
+        p.record_round(c.k, 0);
+        if step >= 20 {
+            assert!(c.probe && c.k == 1, "step {step}: {c:?}");
+            probing += draft + costs[1];
+            plain += costs[0];
+            gaps.push(since);
+        }
+        since = 0;
+    }
+    let overhead = (probing - costs[0] * gaps.len() as f64) / plain;
+    assert!(!gaps.is_empty(), "the drafter is still probed");
+    assert!(
+        gaps.iter().skip(1).all(|&g| g >= 45),
+        "probes closer than their cost allows: {gaps:?}"
+    );
+    assert!(
+        overhead <= 0.0105,
+        "probes cost {overhead:.4} of the time: {gaps:?}"
+    );
+}

@@ -28,7 +28,8 @@ fn reference_trace_through_the_mtp_loop() {
     import_zlab(&fixture("dflash-ref/draft"), draft_dir.path(), None).unwrap();
     let package = std::sync::Arc::new(TargetPackage::open(target_dir.path()).unwrap());
     let draft = load_draft(draft_dir.path()).unwrap();
-    let weights = draft.weights().unwrap();
+    // The trace is f32 arithmetic: the draft's reference precision.
+    let weights = draft.reference_weights().unwrap();
     let reference = Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
     let ints = |n: &str| -> Vec<u32> {
         reference

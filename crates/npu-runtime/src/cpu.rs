@@ -4,35 +4,10 @@ use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
 use std::sync::Arc;
 
+use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
 use crate::model::{HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights};
-
-/// Keys and values of committed positions, per layer and kv head
-/// (`[layer][kv_head] -> positions × head_dim`).
-struct KvCache {
-    keys: Vec<Vec<Vec<f32>>>,
-    values: Vec<Vec<Vec<f32>>>,
-    len: usize,
-}
-
-impl KvCache {
-    fn new(layers: usize, kv_heads: usize) -> KvCache {
-        KvCache {
-            keys: vec![vec![Vec::new(); kv_heads]; layers],
-            values: vec![vec![Vec::new(); kv_heads]; layers],
-            len: 0,
-        }
-    }
-    fn truncate(&mut self, len: usize, head_dim: usize) {
-        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            for head in layer {
-                head.truncate(len * head_dim);
-            }
-        }
-        self.len = len;
-    }
-}
 
 /// One layer's projections repacked for the `q8` family: q, k and v stacked into one
 /// matrix, gate and up into another, so each runs as one parallel region.
@@ -73,6 +48,9 @@ pub struct CpuOptions {
     pub precision: Precision,
     /// The head (default: [`HeadKind::default_for`] the package and precision).
     pub head: Option<HeadKind>,
+    /// The KV cache's storage type of the model's sessions (default: `F32`, the
+    /// reference).
+    pub kv_type: KvType,
 }
 
 impl Default for CpuOptions {
@@ -82,6 +60,7 @@ impl Default for CpuOptions {
             threads: None,
             precision: Precision::F32,
             head: None,
+            kv_type: KvType::F32,
         }
     }
 }
@@ -96,6 +75,7 @@ pub struct CpuModel {
     kernel: Isa,
     head: HeadKind,
     precision: Precision,
+    kv_type: KvType,
     /// The projections repacked for `q8` (empty at `f32`).
     packed: Vec<PackedLayer>,
     /// The head's packed form for the head and precision in use, built at load.
@@ -163,6 +143,7 @@ impl CpuModel {
             kernel: options.kernel,
             head,
             precision: options.precision,
+            kv_type: options.kv_type,
             packed,
             head_tiles_q8,
             head_int8,
@@ -170,10 +151,17 @@ impl CpuModel {
         }))
     }
 
-    /// A new session over this model: an empty KV cache at position 0.
+    /// A new session over this model: an empty KV cache (of the model's KV type) at
+    /// position 0.
     pub fn session(self: &Arc<Self>) -> CpuTarget {
+        self.session_with(self.kv_type)
+    }
+
+    /// A new session whose KV cache stores `kv_type`.
+    pub fn session_with(self: &Arc<Self>, kv_type: KvType) -> CpuTarget {
+        let c = &self.config;
         CpuTarget {
-            cache: KvCache::new(self.config.num_layers, self.config.num_kv_heads),
+            cache: KvCache::new(kv_type, c.num_layers, c.num_kv_heads, c.head_dim),
             model: self.clone(),
             taps: None,
             last_hidden: Vec::new(),
@@ -199,6 +187,11 @@ impl CpuModel {
     /// The precision of the projections.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The KV type of new sessions.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// The head in use.
@@ -245,6 +238,20 @@ impl CpuModel {
         self.team.install(|| self.head_in_pool(hidden, n))
     }
 
+    /// Logits to propose from, not to decide with (a drafter's picks): at `Q8x2`, the
+    /// head over one int8 level of activations (half its integer work); otherwise
+    /// [`CpuModel::logits`]. On the model's team.
+    pub fn proposal_logits(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        let levels = self.precision.levels().map(|_| q8::Levels::One);
+        self.team.install(|| self.head_levels(hidden, n, levels))
+    }
+
+    /// Runs `f` with the model's thread team installed on this thread, so the parallel
+    /// loops of work beside its passes (a draft round) run on the same team.
+    pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.team.install(f)
+    }
+
     fn project(&self, w: &q4nx_format::Q4Matrix, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n * w.rows()];
         matmul(w, x, n, &mut y, self.kernel);
@@ -253,8 +260,13 @@ impl CpuModel {
 
     /// Logits of `n` final-normed rows with the chosen head, inside the team.
     fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
+        self.head_levels(hidden, n, self.precision.levels())
+    }
+
+    /// [`CpuModel::head_in_pool`] with the integer heads' activations at `levels`.
+    fn head_levels(&self, hidden: &[f32], n: usize, levels: Option<q8::Levels>) -> Vec<f32> {
         let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
+        let levels = levels.unwrap_or(q8::Levels::One);
         let quantize = || {
             let mut x = QuantizedRows::default();
             x.quantize_levels(hidden, n, h, levels);
@@ -314,6 +326,16 @@ impl CpuTarget {
         self.model.head
     }
 
+    /// The KV cache's storage type.
+    pub fn kv_type(&self) -> KvType {
+        self.cache.kv_type()
+    }
+
+    /// Bytes the KV cache holds (it grows with the positions, a key block at a time).
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.byte_len()
+    }
+
     /// Threads in the model's team.
     pub fn threads(&self) -> usize {
         self.model.threads()
@@ -348,7 +370,7 @@ impl CpuTarget {
         let model = self.model.clone();
         let model = &*model;
         let n = tokens.len();
-        let p0 = self.cache.len;
+        let p0 = self.cache.len();
         if p0 + n > model.config.max_positions {
             return Err(TargetError::TooLong {
                 position: p0,
@@ -364,7 +386,6 @@ impl CpuTarget {
         self.ensure_rope(p0 + n);
         let cfg = &model.config;
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_eps);
-        let group = cfg.num_heads / cfg.num_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let last = cfg.num_layers - 1;
         let taps: Vec<usize> = self
@@ -421,31 +442,20 @@ impl CpuTarget {
                 &self.rope_cos,
                 &self.rope_sin,
             );
-            for i in 0..n {
-                for kh in 0..cfg.num_kv_heads {
-                    let at = i * cfg.kv_dim() + kh * hd;
-                    self.cache.keys[l][kh].extend_from_slice(&k[at..at + hd]);
-                    self.cache.values[l][kh].extend_from_slice(&v[at..at + hd]);
-                }
-            }
-            // Causal attention: row i sees positions 0..=p0+i. One task per (row, head).
+            self.cache.layer_mut(l).append(&k, &v, n);
+            // Causal attention: row i sees positions 0..=p0+i (`kernels::attention`: the
+            // same bits for a row whatever the rows around it, the split or the threads).
             let mut attn = vec![0f32; n * cfg.q_dim()];
-            let (keys, values) = (&self.cache.keys[l], &self.cache.values[l]);
-            kernels::team::for_each_chunk(&mut attn, hd, |idx, out| {
-                let scores = &mut Vec::new();
-                let (i, head) = (idx / cfg.num_heads, idx % cfg.num_heads);
-                let kh = head / group;
-                let query = &q[i * cfg.q_dim() + head * hd..i * cfg.q_dim() + (head + 1) * hd];
-                kernels::attend(
-                    query,
-                    &keys[kh],
-                    &values[kh],
-                    p0 + i + 1,
-                    scale,
-                    scores,
-                    out,
-                );
-            });
+            kernels::attention::attention(
+                isa,
+                self.cache.layer(l),
+                &q,
+                n,
+                p0,
+                cfg.num_heads,
+                scale,
+                &mut attn,
+            );
             let o = match model.packed.get(l) {
                 Some(p) => q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized),
                 None => model.project(&layer.o, &attn, n),
@@ -479,7 +489,6 @@ impl CpuTarget {
                 }
             }
         }
-        self.cache.len = p0 + n;
         let mut final_hidden = vec![0f32; n * h];
         kernels::rms_norm(&x, &model.weights().final_norm, eps, &mut final_hidden);
         for (t, &tap) in taps.iter().enumerate() {
@@ -514,7 +523,7 @@ impl Forward for CpuTarget {
     }
 
     fn position(&self) -> usize {
-        self.cache.len
+        self.cache.len()
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -532,13 +541,13 @@ impl Forward for CpuTarget {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.cache.len {
+        if len > self.cache.len() {
             return Err(TargetError::TruncateBeyond {
                 len,
-                position: self.cache.len,
+                position: self.cache.len(),
             });
         }
-        self.cache.truncate(len, self.model.config.head_dim);
+        self.cache.truncate(len);
         Ok(())
     }
 

@@ -55,6 +55,12 @@ pub enum TargetError {
         /// Positions the cache can hold.
         max: usize,
     },
+    /// A chunked prefill was cancelled between chunks.
+    #[error("target: prefill cancelled at position {position}")]
+    Cancelled {
+        /// Positions in the cache when it stopped (the chunks already run).
+        position: usize,
+    },
     /// `truncate` asked to keep more positions than are cached.
     #[error("target: cannot truncate to {len} positions: only {position} are cached")]
     TruncateBeyond {

@@ -97,6 +97,41 @@ pub trait Forward {
         logits.drain(..logits.len().saturating_sub(vocab));
         Ok(logits)
     }
+    /// A prefill in chunks of at most `chunk` tokens (bounded activation and attention
+    /// memory), with `cancel` checked before each chunk: the last token's logits, as
+    /// [`Forward::forward_last`] of the whole prompt gives them, bit for bit, whatever
+    /// the chunk size (every kernel is batch-invariant). If `cancel` is set, returns
+    /// [`TargetError::Cancelled`](crate::TargetError::Cancelled); the cache then holds
+    /// the chunks already run (`position()`; `truncate` rolls them back).
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<Vec<f32>> {
+        self.prefill_with(tokens, chunk, &mut |_| {
+            !cancel.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+    /// [`Forward::prefill`] with a callback instead of a flag: `go_on(position)` is asked
+    /// before each chunk (the cache holds `position` positions then) and the prefill
+    /// stops with [`TargetError::Cancelled`](crate::TargetError::Cancelled) when it says no.
+    fn prefill_with(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        for part in tokens.chunks(chunk.max(1)) {
+            let position = self.position();
+            if !go_on(position) {
+                return Err(crate::TargetError::Cancelled { position });
+            }
+            logits = self.forward_last(part)?;
+        }
+        Ok(logits)
+    }
     /// The final-normed hidden rows of the last pass (`n × hidden`).
     fn last_hidden(&self) -> &[f32];
     /// Rolls the KV cache back to `len` positions.

@@ -38,6 +38,7 @@ pub mod npu;
 pub use cpu::{CpuModel, CpuOptions, CpuTarget};
 pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
+pub use kernels::kv::KvType;
 pub use model::{
     Family, HeadKind, LayerWeights, Precision, TargetConfig, TargetPackage, TargetWeights,
 };

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use npu_runtime::kernels::Isa;
-use npu_runtime::{argmax, CpuOptions, CpuTarget, Forward, Precision, TapRows, TargetPackage};
+use npu_runtime::{
+    argmax, CpuOptions, CpuTarget, Forward, KvType, Precision, TapRows, TargetPackage,
+};
 use q4nx_format::Container;
 
 const TOLERANCE: f32 = 1e-3;
@@ -106,27 +108,43 @@ fn lcg(state: &mut u64) -> u64 {
 }
 
 /// A batched pass gives, row for row, the same bits as one-token passes; tap rows too;
-/// truncate rolls back exactly (re-running after a rollback repeats the same bits).
+/// truncate rolls back exactly (re-running after a rollback repeats the same bits). At
+/// every precision and every KV type, over 150 positions (three 64-position key blocks;
+/// rollbacks cross a block boundary).
 #[test]
 fn batches_equal_single_steps_bit_for_bit() {
     for precision in [Precision::F32, Precision::Q8, Precision::Q8x2] {
-        batch_invariance_at(precision);
+        for kv_type in KvType::ALL {
+            batch_invariance_at(precision, kv_type);
+        }
     }
 }
 
 fn target(package: &Arc<TargetPackage>, precision: Precision) -> CpuTarget {
+    target_kv(package, precision, KvType::F32)
+}
+
+fn target_kv(package: &Arc<TargetPackage>, precision: Precision, kv_type: KvType) -> CpuTarget {
     let options = CpuOptions {
         precision,
+        kv_type,
         ..Default::default()
     };
     CpuTarget::with_options(package, options).unwrap()
 }
 
-fn batch_invariance_at(precision: Precision) {
+const POSITIONS: usize = 150;
+
+fn batch_invariance_at(precision: Precision, kv_type: KvType) {
     for dir in ["tiny-llama", "tiny-qwen3"] {
         let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
         let mut rng = 7u64;
-        let tokens: Vec<u32> = (0..40).map(|_| (lcg(&mut rng) % 512) as u32).collect();
+        let tokens: Vec<u32> = (0..POSITIONS)
+            .map(|_| (lcg(&mut rng) % 512) as u32)
+            .collect();
+        let target =
+            |package: &Arc<TargetPackage>, precision| target_kv(package, precision, kv_type);
+        let what = format!("{dir} {precision:?} {} KV", kv_type.name());
         let run = |splits: &[usize]| -> (Vec<f32>, TapRows) {
             let mut t = target(&package, precision);
             let sink = Arc::new(Mutex::new(TapRows::new(0)));
@@ -140,48 +158,45 @@ fn batch_invariance_at(precision: Precision) {
             let rows = sink.lock().unwrap().clone();
             (logits, rows)
         };
-        let singles = run(&[1; 40]);
-        for trial in 0..6 {
+        let singles = run(&[1; POSITIONS]);
+        for trial in 0..4 {
             let mut splits = Vec::new();
-            let mut left = 40;
+            let mut left = POSITIONS;
             while left > 0 {
-                let n = 1 + (lcg(&mut rng) as usize % 9).min(left - 1);
+                let n = 1 + (lcg(&mut rng) as usize % 70).min(left - 1);
                 splits.push(n);
                 left -= n;
             }
             let batched = run(&splits);
             assert!(
                 batched.0 == singles.0,
-                "{dir} {precision:?}: logits differ for splits {splits:?} (trial {trial})"
+                "{what}: logits differ for splits {splits:?} (trial {trial})"
             );
             assert!(
                 batched.1 == singles.1,
-                "{dir} {precision:?}: tap rows differ for splits {splits:?}"
+                "{what}: tap rows differ for splits {splits:?}"
             );
         }
 
-        // Rollback: run 30, truncate to 20, run 10 different tokens, truncate to 20 and
-        // replay the original 10: bits equal the uninterrupted run.
+        // Rollback: run 100, truncate to 60, run 40 different tokens, truncate to 60 and
+        // replay the original 40: bits equal the uninterrupted run.
         let mut t = target(&package, precision);
-        let full = t.forward(&tokens[..30]).unwrap();
-        t.truncate(20).unwrap();
-        assert_eq!(t.position(), 20);
-        t.forward(&tokens[30..40]).unwrap();
-        t.truncate(20).unwrap();
-        let replay = t.forward(&tokens[20..30]).unwrap();
+        let full = t.forward(&tokens[..100]).unwrap();
+        t.truncate(60).unwrap();
+        assert_eq!(t.position(), 60);
+        t.forward(&tokens[100..140]).unwrap();
+        t.truncate(60).unwrap();
+        let replay = t.forward(&tokens[60..100]).unwrap();
         assert!(
-            replay == full[20 * 512..],
-            "{dir} {precision:?}: replay after truncate differs"
+            replay == full[60 * 512..],
+            "{what}: replay after truncate differs"
         );
         // A prefill's last-row logits are the last row of the full pass.
         let mut t = target(&package, precision);
-        let last = t.forward_last(&tokens[..30]).unwrap();
-        assert!(
-            last == full[29 * 512..],
-            "{dir} {precision:?}: forward_last differs"
-        );
-        assert_eq!(t.position(), 30);
-        assert!(t.truncate(31).is_err());
+        let last = t.forward_last(&tokens[..100]).unwrap();
+        assert!(last == full[99 * 512..], "{what}: forward_last differs");
+        assert_eq!(t.position(), 100);
+        assert!(t.truncate(101).is_err());
     }
 }
 
@@ -205,17 +220,24 @@ fn bad_inputs_are_refused_by_name() {
     );
 }
 
-/// At q8 every variant this CPU has gives the whole forward the scalar reference's bits.
+/// At q8 (and at f32 with bf16 or q8 KV, where only attention is ISA-specific) every
+/// variant this CPU has gives the whole forward the scalar reference's bits, over 100
+/// positions (two key blocks).
 #[test]
 fn q8_forward_is_the_same_on_every_isa() {
     for dir in ["tiny-llama", "tiny-qwen3"] {
         let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
-        let tokens: Vec<u32> = (0..24).map(|i| (i * 37 % 512) as u32).collect();
-        for precision in [Precision::Q8, Precision::Q8x2] {
+        let tokens: Vec<u32> = (0..100).map(|i| (i * 37 % 512) as u32).collect();
+        for (precision, kv_type) in [
+            (Precision::Q8, KvType::F32),
+            (Precision::Q8x2, KvType::Bf16),
+            (Precision::Q8x2, KvType::Q8),
+        ] {
             let run = |isa: Isa| {
                 let options = CpuOptions {
                     kernel: isa,
                     precision,
+                    kv_type,
                     ..Default::default()
                 };
                 let mut t = CpuTarget::with_options(&package, options).unwrap();
@@ -225,13 +247,60 @@ fn q8_forward_is_the_same_on_every_isa() {
             for isa in Isa::available() {
                 assert!(
                     run(isa) == reference,
-                    "{dir}: {precision:?} forward on {} differs",
+                    "{dir}: {precision:?}, {} KV: forward on {} differs",
+                    kv_type.name(),
                     isa.name()
                 );
             }
         }
     }
 }
+
+/// bf16 and q8 KV against f32 KV (the same f32 projections) on the tiny fixtures, 100
+/// positions: the max |diff| of the logits, measured, stays under the stated bounds, and
+/// the KV memory is the type's bytes per position (grown a key block at a time).
+#[test]
+fn kv_types_stay_close_to_f32_kv() {
+    for dir in ["tiny-llama", "tiny-qwen3"] {
+        let package = std::sync::Arc::new(TargetPackage::open(fixture(dir)).unwrap());
+        let c = &package.config;
+        let tokens: Vec<u32> = (0..100).map(|i| (i * 53 % 512) as u32).collect();
+        let mut reference = target_kv(&package, Precision::F32, KvType::F32);
+        let want = reference.forward(&tokens).unwrap();
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (kv_type, bound) in [
+            (KvType::Bf16, BF16_KV_TOLERANCE),
+            (KvType::Q8, Q8_KV_TOLERANCE),
+        ] {
+            let mut t = target_kv(&package, Precision::F32, kv_type);
+            assert_eq!(t.kv_type(), kv_type);
+            let d = max_diff(&t.forward(&tokens).unwrap(), &want);
+            eprintln!(
+                "{dir} {} KV: max |diff| logits vs f32 KV {d:.2e} (max |logit| {scale:.2})",
+                kv_type.name()
+            );
+            assert!(
+                d < bound,
+                "{dir} {} KV: logits differ by {d}",
+                kv_type.name()
+            );
+            let blocks = 100usize.div_ceil(64) * 64;
+            let per_head = match kv_type {
+                KvType::F32 => blocks * c.head_dim * 4 + 100 * c.head_dim * 4,
+                KvType::Bf16 => blocks * c.head_dim * 2 + 100 * c.head_dim * 2,
+                KvType::Q8 => blocks * (c.head_dim + 4) + 100 * (c.head_dim + 4),
+            };
+            assert_eq!(t.kv_bytes(), per_head * c.num_kv_heads * c.num_layers);
+        }
+    }
+}
+
+/// bf16 KV vs f32 KV, max |diff| of the logits on these random-weight models, measured:
+/// 8.0e-2 (tiny-llama, max |logit| 14.9), 1.7e-2 (tiny-qwen3, 13.0); bound about 3x the
+/// worst. Quality on real text: `onebit perplexity` (README).
+const BF16_KV_TOLERANCE: f32 = 0.25;
+/// q8 KV vs f32 KV, measured: 0.27 (tiny-llama), 7.2e-2 (tiny-qwen3); bound about 3x.
+const Q8_KV_TOLERANCE: f32 = 0.8;
 
 /// q8 against transformers' float32 reference on the tiny fixtures. int8 activations
 /// round each input by up to half a step (1/254 of its group's largest magnitude); on
@@ -327,4 +396,69 @@ fn concurrent_sessions_over_one_model_equal_a_lone_session() {
             precision.name()
         );
     }
+}
+
+/// A chunked prefill gives the whole prompt's last logits and tap rows bit for bit at
+/// every chunk size and KV type; cancelling between chunks stops with the chunks run so
+/// far cached, and the prefill can go on from there to the same bits.
+#[test]
+fn chunked_prefill_is_exact_and_cancellable() {
+    use std::sync::atomic::AtomicBool;
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    let tokens: Vec<u32> = (0..150).map(|i| (i * 71 % 512) as u32).collect();
+    for kv_type in KvType::ALL {
+        let run = |chunk: usize| {
+            let mut t = target_kv(&package, Precision::Q8x2, kv_type);
+            let sink = Arc::new(Mutex::new(TapRows::new(0)));
+            t.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+            let logits = t.prefill(&tokens, chunk, &AtomicBool::new(false)).unwrap();
+            assert_eq!(t.position(), tokens.len());
+            let rows = sink.lock().unwrap().clone();
+            (logits, rows)
+        };
+        let mut whole = target_kv(&package, Precision::Q8x2, kv_type);
+        let sink = Arc::new(Mutex::new(TapRows::new(0)));
+        whole.set_layer_taps(&[0, 1], sink.clone()).unwrap();
+        let want = whole.forward_last(&tokens).unwrap();
+        let want_rows = sink.lock().unwrap().clone();
+        for chunk in [1, 5, 63, 64, 100, 150, 1000] {
+            let (logits, rows) = run(chunk);
+            assert!(
+                logits == want,
+                "{} KV, chunk {chunk}: logits differ",
+                kv_type.name()
+            );
+            assert!(
+                rows == want_rows,
+                "{} KV, chunk {chunk}: taps differ",
+                kv_type.name()
+            );
+        }
+
+        // Stop before the third chunk of 40, then go on.
+        let mut t = target_kv(&package, Precision::Q8x2, kv_type);
+        let mut asked = Vec::new();
+        let err = t
+            .prefill_with(&tokens, 40, &mut |p| {
+                asked.push(p);
+                asked.len() < 3
+            })
+            .unwrap_err();
+        assert_eq!(asked, [0, 40, 80]);
+        assert_eq!(err.to_string(), "target: prefill cancelled at position 80");
+        assert_eq!(t.position(), 80);
+        let rest = t
+            .prefill(&tokens[80..], 40, &AtomicBool::new(false))
+            .unwrap();
+        assert!(
+            rest == want,
+            "{} KV: resumed prefill differs",
+            kv_type.name()
+        );
+    }
+    // A flag set before the call stops it before any work.
+    let mut t = target(&package, Precision::F32);
+    let err = t.prefill(&tokens, 16, &AtomicBool::new(true)).unwrap_err();
+    assert_eq!(err.to_string(), "target: prefill cancelled at position 0");
+    assert_eq!(t.position(), 0);
 }

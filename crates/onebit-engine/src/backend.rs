@@ -7,7 +7,7 @@ use std::sync::Arc;
 use npu_runtime::kernels::Isa;
 use npu_runtime::npu::{NpuTarget, PlanOptions, SimDevice};
 use npu_runtime::{
-    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, Precision, TapSink, TargetConfig,
+    CpuModel, CpuOptions, CpuTarget, Forward, HeadKind, KvType, Precision, TapSink, TargetConfig,
     TargetPackage,
 };
 
@@ -51,16 +51,22 @@ pub enum Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    /// Opens `package` on `backend` (on the CPU, over a model of its own: sessions
-    /// sharing one model come from [`CpuModel::session`]).
+    /// Opens `package` on `backend` with the CPU's options (on the CPU, over a model of
+    /// its own: sessions sharing one model come from [`CpuModel::session`]; the sim uses
+    /// their kernel and head; the NPU backends refuse other precisions and KV types than
+    /// f32 by name).
     pub fn open(
         package: &'a Arc<TargetPackage>,
         backend: &Backend,
-        kernel: Isa,
-        precision: Precision,
-        threads: Option<usize>,
-        head: Option<HeadKind>,
+        cpu: CpuOptions,
     ) -> Result<Target<'a>> {
+        let CpuOptions {
+            kernel,
+            threads,
+            precision,
+            head,
+            kv_type,
+        } = cpu;
         if threads == Some(0) {
             return Err(EngineError::Invalid("--threads must be at least 1".into()));
         }
@@ -71,22 +77,19 @@ impl<'a> Target<'a> {
                 backend.name()
             )));
         }
+        if !matches!(backend, Backend::Cpu) && kv_type != KvType::F32 {
+            return Err(EngineError::Invalid(format!(
+                "--kv-type {}: the {} backend keeps an f32 KV cache (the NPU plan's buffers); use --kv-type f32 or auto",
+                kv_type.name(),
+                backend.name()
+            )));
+        }
         let mut options = PlanOptions::for_model(&package.config);
         if let Some(h) = head {
             options.head = h;
         }
         match backend {
-            Backend::Cpu => {
-                let options = CpuOptions {
-                    kernel,
-                    threads,
-                    precision,
-                    head,
-                };
-                Ok(Target::Cpu(
-                    CpuModel::load(package.clone(), options)?.session(),
-                ))
-            }
+            Backend::Cpu => Ok(Target::Cpu(CpuModel::load(package.clone(), cpu)?.session())),
             Backend::Sim => Ok(Target::Sim(
                 Box::new(NpuTarget::new(package, SimDevice::new(kernel), options)?),
                 kernel,
@@ -166,6 +169,14 @@ impl<'a> Target<'a> {
         match self {
             Target::Cpu(t) => t.precision(),
             _ => Precision::F32,
+        }
+    }
+
+    /// The KV cache's storage type.
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            Target::Cpu(t) => t.kv_type(),
+            _ => KvType::F32,
         }
     }
 

@@ -58,7 +58,7 @@ use std::time::Instant;
 
 use npu_runtime::kernels::Isa;
 use npu_runtime::{
-    CpuModel, CpuOptions, Forward, HeadKind, Precision, TapRows, TapSink, TargetPackage,
+    CpuModel, CpuOptions, Forward, HeadKind, KvType, Precision, TapRows, TapSink, TargetPackage,
 };
 
 pub use backend::{Backend, Target};
@@ -104,6 +104,9 @@ pub struct EngineConfig {
     pub threads: Option<usize>,
     /// The head (`None`: the package's default at this precision).
     pub head: Option<HeadKind>,
+    /// The KV cache's storage (the CPU backend's default at the integer precisions is
+    /// bf16; the NPU backends keep f32).
+    pub kv_type: KvType,
     /// The drafter.
     pub drafter: DrafterConfig,
     /// Drafts per round at most (k).
@@ -116,6 +119,17 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The CPU options these settings mean (the kernel already resolved).
+    pub fn cpu_options(&self, kernel: Isa) -> CpuOptions {
+        CpuOptions {
+            kernel,
+            threads: self.threads,
+            precision: self.precision,
+            head: self.head,
+            kv_type: self.kv_type,
+        }
+    }
+
     /// Defaults for `model`: CPU, all cores, the default precision and head, no drafter.
     pub fn new(model: impl Into<PathBuf>) -> EngineConfig {
         EngineConfig {
@@ -125,6 +139,7 @@ impl EngineConfig {
             precision: Precision::auto(),
             threads: None,
             head: None,
+            kv_type: KvType::Bf16,
             drafter: DrafterConfig::None,
             draft_max: 7,
             fixed_k: false,
@@ -152,6 +167,8 @@ pub struct TargetInfo {
     pub precision: Precision,
     /// The head in use.
     pub head: HeadKind,
+    /// The KV cache's storage.
+    pub kv_type: KvType,
     /// Worker threads.
     pub threads: usize,
     /// Weight bytes one pass reads.
@@ -222,28 +239,13 @@ impl Engine {
         };
         let (shared, mut target) = match config.backend {
             Backend::Cpu => {
-                let model = CpuModel::load(
-                    package.clone(),
-                    CpuOptions {
-                        kernel,
-                        threads: config.threads,
-                        precision: config.precision,
-                        head: config.head,
-                    },
-                )?;
+                let model = CpuModel::load(package.clone(), config.cpu_options(kernel))?;
                 let target = Target::Cpu(model.session());
                 (Shared::Cpu(model), target)
             }
             _ => {
                 let package = keep(package.clone());
-                let target = Target::open(
-                    package,
-                    &config.backend,
-                    kernel,
-                    config.precision,
-                    config.threads,
-                    config.head,
-                )?;
+                let target = Target::open(package, &config.backend, config.cpu_options(kernel))?;
                 (Shared::Borrowed(package), target)
             }
         };
@@ -268,6 +270,7 @@ impl Engine {
             kernel: target.kernel().name(),
             precision: target.precision(),
             head: target.head(),
+            kv_type: target.kv_type(),
             threads: target.threads(),
             weight_bytes_per_pass: target.weight_bytes_per_pass(),
         };
@@ -297,10 +300,7 @@ impl Engine {
             (None, Shared::Borrowed(package)) => Target::open(
                 package,
                 &self.config.backend,
-                self.kernel,
-                self.config.precision,
-                self.config.threads,
-                self.config.head,
+                self.config.cpu_options(self.kernel),
             )?,
         };
         let sink: TapSink = Arc::new(Mutex::new(TapRows::new(0)));

@@ -6,7 +6,8 @@
 //! | q4 tiles × f32 activations | [`mod@matmul`] | [`matmul::reference_dot`] | scalar, AVX2, AVX-512, AVX-512 VBMI |
 //! | q4 × int8 activations, int8 head | [`q8`] | [`mod@q8::reference`] | scalar, AVX2, AVX-VNNI, AVX-512 VNNI |
 //! | dense BF16 × f32 (tied head, DFlash fusion) | [`dense`] | [`dense::reference_dot`] | scalar, AVX2, AVX-512 |
-//! | element-wise, `dot`, attention | [`elementwise`] | the portable functions | hardware or software FMA |
+//! | causal GQA attention over the KV layout ([`kv`]) | [`attention`] | [`mod@attention::reference`] + [`attention::combine`] | scalar, AVX2, AVX-512 |
+//! | element-wise, `dot`, the draft's `attend` | [`elementwise`] | the portable functions | hardware or software FMA |
 //!
 //! Every kernel computes each output element by one fixed sequence of operations that
 //! does not depend on the other rows of the batch. That is **batch invariance**: a
@@ -18,9 +19,11 @@
 //! Parallel loops run on the caller's rayon pool.
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod dense;
 pub mod elementwise;
 pub mod isa;
+pub mod kv;
 pub mod matmul;
 pub mod q8;
 pub mod team;

@@ -278,6 +278,17 @@ pub fn parallel_for(count: usize, task: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Threads [`parallel_for`] runs on here: the installed team's, else rayon's current pool's.
+pub fn current_threads() -> usize {
+    let team = CURRENT.with(|c| c.get());
+    if team.is_null() {
+        rayon::current_num_threads()
+    } else {
+        // SAFETY: `install` keeps the team alive and restores the pointer on exit.
+        unsafe { &*team }.threads()
+    }
+}
+
 /// Splits `data` into chunks of `chunk` values and runs `task(index, chunk)` on each in
 /// parallel ([`parallel_for`]).
 pub fn for_each_chunk<T: Send>(

@@ -25,11 +25,20 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Long-context mode: prefill N tokens (in chunks, timed once) instead of
+    /// --prefill-tokens, then time decode and the n-row passes at that depth.
+    #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
+    pub context: Option<usize>,
+    /// Positions the benchmark may use (default: the model's max_position_embeddings;
+    /// more is refused); the prefill, decode steps and the 16-row pass must fit.
+    #[arg(long)]
+    pub ctx_len: Option<usize>,
     /// Speculative round cost with an oracle drafter that knows the target's greedy
     /// continuation: always right, every third wrong, or never right.
     #[arg(long, value_parser = ["always", "every-third", "never"])]
     pub oracle: Option<String>,
-    /// A DFlash draft package: sweep k = 1..block_size-1 (acceptance and tokens/s).
+    /// A DFlash draft package: adaptive k <= --draft-max (the default of `run`), then
+    /// a sweep of fixed k = 1..block_size-1 (acceptance and tokens/s).
     #[arg(long, conflicts_with = "oracle")]
     pub draft: Option<std::path::PathBuf>,
     /// Drafts per round for --oracle.
@@ -45,8 +54,9 @@ pub struct BenchArgs {
     /// With --lookup: the longest suffix n-gram matched.
     #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
     pub lookup_ngram: usize,
-    /// With --lookup: only fixed k = --draft-max (no adaptive run).
-    #[arg(long, requires = "lookup")]
+    /// With --lookup: only fixed k = --draft-max; with --draft: only the fixed-k sweep
+    /// (no adaptive run).
+    #[arg(long)]
     pub fixed_k: bool,
     /// A text prompt for the speculative benchmarks, in the chat template when the
     /// package has one; they stop at end-of-sequence. Default: 32 synthetic token ids
@@ -91,6 +101,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return speculative(args);
     }
     let engine = args.target.engine(DrafterConfig::None, 0, true)?;
+    // Positions needed: the prompt, the decode steps, then the largest n-row pass.
+    let ctx = crate::run::context_len(args.ctx_len, engine.package())?;
+    let prefill_tokens = args.context.unwrap_or(args.prefill_tokens);
+    let needed = prefill_tokens + args.decode_tokens + 16;
+    if needed > ctx {
+        anyhow::bail!(
+            "bench: {prefill_tokens} prompt tokens + {} decode steps + a 16-row pass need {needed} positions, more than the context of {ctx}",
+            args.decode_tokens
+        );
+    }
     let mut session = engine.session()?;
     let target = session.target();
     let vocab = engine.package().config.vocab_size;
@@ -98,13 +118,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let bandwidth = read_bandwidth(threads);
 
-    // Prefill: one pass over a prompt (best of two).
-    let prompt = tokens(args.prefill_tokens, vocab, 1);
+    // Prefill: one pass over a prompt (best of two), or at --context N one chunked
+    // prefill of N tokens.
+    let prompt = tokens(prefill_tokens, vocab, 1);
     let mut prefill = f64::INFINITY;
-    for _ in 0..2 {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    for _ in 0..if args.context.is_some() { 1 } else { 2 } {
         target.truncate(0)?;
         let start = Instant::now();
-        target.forward_last(&prompt)?;
+        target.prefill(&prompt, mtp::PREFILL_CHUNK, &never)?;
         prefill = prefill.min(start.elapsed().as_secs_f64());
     }
 
@@ -148,11 +170,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 "backend": target.backend(),
                 "kernel": target.kernel().name(),
                 "precision": target.precision().name(),
+                "kv_type": target.kv_type().name(),
                 "head": target.head().name(),
                 "read_bandwidth_gb_s": bandwidth,
                 "weight_bytes_per_token": bytes,
-                "prefill_tokens": args.prefill_tokens,
-                "prefill_tokens_per_second": args.prefill_tokens as f64 / prefill,
+                "context": args.context,
+                "prefill_tokens": prefill_tokens,
+                "prefill_tokens_per_second": prefill_tokens as f64 / prefill,
                 "decode_tokens_per_second": 1.0 / decode,
                 "decode_weight_gb_s": achieved,
                 "decode_fraction_of_bandwidth": achieved / bandwidth,
@@ -161,20 +185,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{}: {} backend, {} threads, {} kernel, {} precision, {} head",
+            "{}: {} backend, {} threads, {} kernel, {} precision, {} KV, {} head",
             args.target.model.display(),
             target.backend(),
             threads,
             target.kernel().name(),
             target.precision().name(),
+            target.kv_type().name(),
             target.head().name()
         );
         println!("machine read bandwidth: {bandwidth:.1} GB/s ({threads} threads)");
         println!(
             "prefill: {:.1} tok/s ({} tokens)",
-            args.prefill_tokens as f64 / prefill,
-            args.prefill_tokens
+            prefill_tokens as f64 / prefill,
+            prefill_tokens
         );
+        if let Some(n) = args.context {
+            println!("decode and passes below at a depth of {n} positions");
+        }
         println!(
             "decode:  {:.1} tok/s; {:.1} MB of weights per token = {:.1} GB/s, {:.0}% of read bandwidth",
             1.0 / decode,
@@ -228,8 +256,9 @@ fn speculative(args: &BenchArgs) -> Result<()> {
         },
         None => DrafterConfig::None,
     };
-    // DFlash sweeps fixed k; lookup calibrates for its adaptive run unless --fixed-k.
-    let fixed_k = args.fixed_k || !args.lookup;
+    // Lookup and DFlash calibrate for their adaptive run unless --fixed-k (the oracle
+    // runs fixed k).
+    let fixed_k = args.fixed_k || args.oracle.is_some();
     let engine = args.target.engine(drafter, args.draft_max, fixed_k)?;
     let vocab = engine.package().config.vocab_size;
     let (prompt, stop) = match &args.prompt {
@@ -311,6 +340,17 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             results.push((label, seconds(&out), out.tokens, out.stats));
         }
     } else if let Some(block) = engine.draft_config().map(|c| c.block_size) {
+        // Adaptive k first (unless --fixed-k), then the fixed-k sweep.
+        if !args.fixed_k {
+            calibration = engine.calibration_seconds();
+            let out = generate(DraftMode::Auto)?;
+            results.push((
+                format!("adaptive k <= {}", args.draft_max),
+                seconds(&out),
+                out.tokens,
+                out.stats,
+            ));
+        }
         for k in 1..block {
             let out = generate(DraftMode::Fixed(k))?;
             results.push((format!("k = {k}"), seconds(&out), out.tokens, out.stats));
@@ -354,7 +394,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                 args.lookup_ngram
             ),
             None => format!(
-                "the DFlash draft {}",
+                "the DFlash draft {} (pass costs calibrated in {calibration:.2} s)",
                 args.draft
                     .as_ref()
                     .map(|d| d.display().to_string())

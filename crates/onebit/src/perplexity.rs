@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use npu_runtime::Forward;
 use serde_json::json;
 
-use crate::run::{PrecisionArg, TargetArgs};
+use crate::run::{KvTypeArg, PrecisionArg, TargetArgs};
 
 #[derive(Args)]
 pub struct PerplexityArgs {
@@ -35,6 +35,11 @@ pub struct PerplexityArgs {
     /// agreement (e.g. `--precision q8 --compare-precision f32`).
     #[arg(long, value_enum)]
     pub compare_precision: Option<PrecisionArg>,
+    /// Score the same windows with this KV type too (with --compare-precision, both
+    /// change), and report the same comparison (e.g. `--kv-type bf16
+    /// --compare-kv-type f32`).
+    #[arg(long, value_enum)]
+    pub compare_kv_type: Option<KvTypeArg>,
     /// Windows to score at most (default: all).
     #[arg(long)]
     pub windows: Option<usize>,
@@ -85,13 +90,16 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     }
     let vocab = package.config.vocab_size;
     let mut main = args.target.target(&package)?;
-    let mut other = match args.compare_precision {
-        Some(p) => {
+    let mut other = match (args.compare_precision, args.compare_kv_type) {
+        (None, None) => None,
+        (p, kv) => {
             let mut t = args.target.clone();
-            t.precision = p;
+            t.precision = p.unwrap_or(t.precision);
+            // Without --compare-kv-type the comparison keeps the main KV type (`auto`
+            // would otherwise follow the compared precision).
+            t.kv_type = kv.unwrap_or(KvTypeArg::of(main.kv_type()));
             Some(t.target(&package)?)
         }
-        None => None,
     };
     let first_scored = args.ctx / 2;
     let progress = if std::io::stderr().is_terminal() && !args.json {
@@ -156,7 +164,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         sorted.sort_by(|a, b| a.total_cmp(b));
         let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
         (
-            t.precision().name(),
+            (t.precision().name(), t.kv_type().name()),
             ppl(&other_nll),
             cmp.kld.iter().sum::<f64>() / cmp.kld.len() as f64,
             p99,
@@ -168,6 +176,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             "model": args.target.model.display().to_string(),
             "file": args.file.display().to_string(),
             "precision": main.precision().name(),
+            "kv_type": main.kv_type().name(),
             "head": main.head().name(),
             "ctx": args.ctx,
             "windows": windows,
@@ -175,9 +184,10 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             "perplexity": ppl(&nll),
             "seconds": start.elapsed().as_secs_f64(),
         });
-        if let Some((precision, perplexity, kld_mean, kld_p99, top1)) = compare {
+        if let Some(((precision, kv_type), perplexity, kld_mean, kld_p99, top1)) = compare {
             obj["compare"] = json!({
                 "precision": precision,
+                "kv_type": kv_type,
                 "perplexity": perplexity,
                 "kld_mean": kld_mean,
                 "kld_p99": kld_p99,
@@ -187,18 +197,19 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         println!("{obj}");
     } else {
         println!(
-            "{}: {} windows of {} tokens, {} tokens scored, {} precision, {} head",
+            "{}: {} windows of {} tokens, {} tokens scored, {} precision, {} KV, {} head",
             args.file.display(),
             windows,
             args.ctx,
             scored,
             main.precision().name(),
+            main.kv_type().name(),
             main.head().name()
         );
         println!("perplexity: {:.4}", ppl(&nll));
-        if let Some((precision, perplexity, kld_mean, kld_p99, top1)) = compare {
+        if let Some(((precision, kv_type), perplexity, kld_mean, kld_p99, top1)) = compare {
             println!(
-                "at {precision}: perplexity {perplexity:.4} (ratio {:.4}); KL divergence from it: mean {kld_mean:.6}, p99 {kld_p99:.6}; top-1 agreement {:.2}%",
+                "at {precision} precision, {kv_type} KV: perplexity {perplexity:.4} (ratio {:.4}); KL divergence from it: mean {kld_mean:.6}, p99 {kld_p99:.6}; top-1 agreement {:.2}%",
                 ppl(&nll) / perplexity,
                 top1 * 100.0
             );

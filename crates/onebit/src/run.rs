@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use npu_runtime::kernels::Isa;
-use npu_runtime::{HeadKind, Precision};
+use npu_runtime::{HeadKind, KvType, Precision};
 use onebit_engine::{
     stats_json, stats_line, Backend, CancelFlag, Completion, DraftMode, DrafterConfig, Engine,
     EngineConfig, Event, Message, Prompt, Request,
@@ -41,6 +41,12 @@ pub struct TargetArgs {
     /// auto (q8x2 on the CPU backend; f32 on sim and npu).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
     pub precision: PrecisionArg,
+    /// Storage of the KV cache: bf16 (half the memory and traffic of f32; perplexity
+    /// within 0.5% of f32, README), q8 (int8 with a scale per position and head), f32
+    /// (exact), or auto (bf16 on the CPU backend at the integer precisions; f32 at
+    /// --precision f32, the exact reference, and on sim and npu).
+    #[arg(long, value_enum, default_value_t = KvTypeArg::Auto)]
+    pub kv_type: KvTypeArg,
     /// Where the target runs: cpu, sim (the NPU dispatch plan on a simulated device)
     /// or npu (XRT; needs a build with the `xrt` feature and --kernels).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
@@ -75,6 +81,7 @@ impl TargetArgs {
         config.precision = self.precision.resolve(self.backend);
         config.threads = self.threads;
         config.head = self.head.kind();
+        config.kv_type = self.kv_type.resolve(self.backend, config.precision);
         Ok(config)
     }
 
@@ -89,14 +96,8 @@ impl TargetArgs {
         package: &'a Arc<npu_runtime::TargetPackage>,
     ) -> Result<onebit_engine::Target<'a>> {
         let c = self.engine_config()?;
-        Ok(onebit_engine::Target::open(
-            package,
-            &c.backend,
-            c.kernel.unwrap_or_else(Isa::detect),
-            c.precision,
-            c.threads,
-            c.head,
-        )?)
+        let cpu = c.cpu_options(c.kernel.unwrap_or_else(Isa::detect));
+        Ok(onebit_engine::Target::open(package, &c.backend, cpu)?)
     }
 
     /// Loads an engine with these flags and `drafter`.
@@ -124,9 +125,15 @@ pub struct RunArgs {
     /// Raw prompt token ids, comma-separated (no tokenizer or template involved).
     #[arg(long, value_delimiter = ',')]
     pub prompt_tokens: Option<Vec<u32>>,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 256)]
-    pub max_tokens: usize,
+    /// Tokens to generate at most (default: 256, or what the context leaves after the
+    /// prompt if that is less; an explicit value that does not fit is refused).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Positions the run may use, prompt included (default: the model's
+    /// max_position_embeddings; more is refused). The KV cache grows with use.
+    #[arg(long)]
+    pub ctx_len: Option<usize>,
+
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temp: f32,
@@ -300,11 +307,84 @@ fn drafter(args: &RunArgs) -> DrafterConfig {
     }
 }
 
-/// The request `args` ask for.
-fn request(args: &RunArgs, prompt: Prompt, draft: DraftMode) -> Request {
+/// `--kv-type` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvTypeArg {
+    Auto,
+    F32,
+    Bf16,
+    Q8,
+}
+
+impl KvTypeArg {
+    /// The explicit choice naming `kv_type`.
+    pub fn of(kv_type: KvType) -> KvTypeArg {
+        match kv_type {
+            KvType::F32 => KvTypeArg::F32,
+            KvType::Bf16 => KvTypeArg::Bf16,
+            KvType::Q8 => KvTypeArg::Q8,
+        }
+    }
+
+    /// The KV type on `backend` at `precision`: `auto` is `bf16` on the CPU backend at
+    /// the integer precisions and `f32` otherwise (the exact reference, and the NPU
+    /// plan's buffers); an explicit choice passes through (`Target::open` refuses what
+    /// the backend cannot store).
+    pub fn resolve(self, backend: BackendArg, precision: Precision) -> KvType {
+        match (self, backend, precision) {
+            (KvTypeArg::F32, _, _) => KvType::F32,
+            (KvTypeArg::Bf16, _, _) => KvType::Bf16,
+            (KvTypeArg::Q8, _, _) => KvType::Q8,
+            (KvTypeArg::Auto, BackendArg::Cpu, Precision::Q8 | Precision::Q8x2) => KvType::Bf16,
+            (KvTypeArg::Auto, _, _) => KvType::F32,
+        }
+    }
+}
+
+/// The context in positions: `--ctx-len`, at most the model's `max_position_embeddings`
+/// (default: that).
+pub fn context_len(ctx_len: Option<usize>, package: &npu_runtime::TargetPackage) -> Result<usize> {
+    let max = package.config.max_positions;
+    match ctx_len {
+        None => Ok(max),
+        Some(0) => bail!("--ctx-len must be at least 1"),
+        Some(n) if n > max => {
+            bail!("--ctx-len {n} exceeds the model's max_position_embeddings {max}")
+        }
+        Some(n) => Ok(n),
+    }
+}
+
+/// Default tokens to generate when `--max-tokens` is not given (less if the context ends
+/// sooner).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// Tokens to generate: `--max-tokens`, refused (before any work, with both numbers) if
+/// the prompt plus it exceed the context; by default 256 clamped to what is left.
+pub fn max_tokens(
+    args: &RunArgs,
+    package: &npu_runtime::TargetPackage,
+    prompt: usize,
+) -> Result<usize> {
+    let ctx = context_len(args.ctx_len, package)?;
+    match args.max_tokens {
+        Some(m) if prompt + m > ctx => bail!(
+            "run: the prompt's {prompt} tokens plus --max-tokens {m} make {}, more than the context of {ctx} positions",
+            prompt + m
+        ),
+        Some(m) => Ok(m),
+        None if prompt >= ctx => bail!(
+            "run: the prompt's {prompt} tokens leave no room in the context of {ctx} positions"
+        ),
+        None => Ok(DEFAULT_MAX_TOKENS.min(ctx - prompt)),
+    }
+}
+
+/// The request `args` ask for, generating at most `max_tokens`.
+fn request(args: &RunArgs, prompt: Prompt, draft: DraftMode, max_tokens: usize) -> Request {
     Request {
         prompt,
-        max_tokens: args.max_tokens,
+        max_tokens,
         sampling: sampling_config(args),
         stop: Vec::new(),
         ignore_eos: args.ignore_eos,
@@ -342,9 +422,10 @@ struct SideBySide {
 /// oracle is a measuring device, not a drafter a request can ask for).
 fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>) -> Result<SideBySide> {
     let prompt = engine.tokenize(&prompt(args, engine)?)?;
+    let max = max_tokens(args, engine.package(), prompt.len())?;
     let mut session = engine.session()?;
     let plain = session.generate(
-        &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Off),
+        &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Off, max),
         &mut onebit_engine::NullSink,
         &CancelFlag::new(),
     )?;
@@ -366,7 +447,7 @@ fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>) -> Result<SideB
         })
     };
     let options = mtp::RunOptions {
-        max_tokens: args.max_tokens,
+        max_tokens: max,
         draft_max: args.draft_max,
         stop_tokens: if args.ignore_eos {
             Vec::new()
@@ -414,16 +495,17 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
         Some(rule) => oracle_runs(args, rule, &engine)?,
         None => {
             let prompt = engine.tokenize(&prompt(args, &engine)?)?;
+            let max = max_tokens(args, engine.package(), prompt.len())?;
             let mut session = engine.session()?;
             let tokens = Prompt::Tokens(prompt.clone());
             let plain = session.generate(
-                &request(args, tokens.clone(), DraftMode::Off),
+                &request(args, tokens.clone(), DraftMode::Off, max),
                 &mut onebit_engine::NullSink,
                 &CancelFlag::new(),
             )?;
             session.reset();
             let spec = session.generate(
-                &request(args, tokens, DraftMode::Auto),
+                &request(args, tokens, DraftMode::Auto, max),
                 &mut onebit_engine::NullSink,
                 &CancelFlag::new(),
             )?;
@@ -525,6 +607,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .target
         .engine(drafter(args), args.draft_max, args.fixed_k)?;
     let prompt_ids = engine.tokenize(&prompt(args, &engine)?)?;
+    // The context refusal comes before any generation.
+    let max = max_tokens(args, engine.package(), prompt_ids.len())?;
     let mut session = engine.session()?;
     let speculative = engine.drafting();
     let stdout = std::io::stdout();
@@ -540,7 +624,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
         ControlFlow::Continue(())
     };
     let out = session.generate(
-        &request(args, Prompt::Tokens(prompt_ids.clone()), DraftMode::Auto),
+        &request(
+            args,
+            Prompt::Tokens(prompt_ids.clone()),
+            DraftMode::Auto,
+            max,
+        ),
         &mut print,
         &CancelFlag::new(),
     )?;
@@ -572,6 +661,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "backend": info.backend,
             "kernel": info.kernel,
             "precision": info.precision.name(),
+            "kv_type": info.kv_type.name(),
             "head": info.head.name(),
             "threads": info.threads,
         });
@@ -597,7 +687,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             println!();
         }
         eprintln!(
-            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} head]",
+            "[prompt {} tokens: {:.1} tok/s | generated {} tokens: {:.1} tok/s decode | stop: {stop_reason} | {} threads, {} kernel, {} precision, {} KV, {} head]",
             out.prompt_tokens,
             prefill_tps,
             out.tokens.len(),
@@ -605,6 +695,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             info.threads,
             info.kernel,
             info.precision.name(),
+            info.kv_type.name(),
             info.head.name()
         );
         if speculative {
@@ -637,9 +728,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
 /// and the session's KV cache reused across turns (only each new turn is prefilled);
 /// Ctrl-C stops a reply (and quits at the prompt); `/exit` or end of input quits.
 fn interactive(args: &RunArgs) -> Result<()> {
-    let engine = args
-        .target
-        .engine(drafter(args), args.draft_max, args.fixed_k)?;
+    let mut config = args.target.engine_config()?;
+    config.drafter = drafter(args);
+    config.draft_max = args.draft_max;
+    config.fixed_k = args.fixed_k;
+    // Each turn must fit the context (the engine caps it at the model's positions).
+    config.ctx_len = Some(args.ctx_len.unwrap_or(usize::MAX));
+    let engine = Engine::load(&config)?;
     if engine.text().is_none() {
         bail!("run: an interactive chat needs the package's tokenizer.json");
     }
@@ -704,7 +799,9 @@ fn interactive(args: &RunArgs) -> Result<()> {
             let _ = lock.flush();
             ControlFlow::Continue(())
         };
-        let request = request(args, Prompt::Chat(messages.clone()), DraftMode::Auto);
+        // The engine refuses a turn that no longer fits the context (set at load).
+        let max = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let request = request(args, Prompt::Chat(messages.clone()), DraftMode::Auto, max);
         let result = session.generate(&request, &mut print, &cancel);
         *current.lock().expect("cancel lock") = None;
         println!();

@@ -247,3 +247,37 @@ fn sim_backend_refuses_q8_by_name() {
         "{err}"
     );
 }
+
+/// The NPU plan keeps an f32 KV cache: asking the sim for bf16 KV is refused by name;
+/// `auto` on the sim is f32.
+#[test]
+fn sim_backend_refuses_bf16_kv_by_name() {
+    let out = onebit()
+        .args(["run", "--prompt-tokens", "1,2", "--max-tokens", "1"])
+        .args(["--backend", "sim", "--kv-type", "bf16", "--model"])
+        .arg(fixture("tiny-llama"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kv-type bf16: the sim backend keeps an f32 KV cache"),
+        "{err}"
+    );
+    let out = onebit()
+        .args([
+            "run",
+            "--prompt-tokens",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--json",
+        ])
+        .args(["--backend", "sim", "--model"])
+        .arg(fixture("tiny-llama"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["kv_type"], "f32");
+}

@@ -36,6 +36,8 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let ctx = 16;
     let out = onebit()
         .args(["perplexity", "--json", "--ctx", "16", "--precision", "q8"])
+        // f32 KV, as the float64 evaluation below builds its targets.
+        .args(["--kv-type", "f32"])
         .args(["--compare-precision", "f32", "--model"])
         .arg(&model)
         .arg("--file")
@@ -48,9 +50,12 @@ fn perplexity_and_comparison_match_a_float64_computation() {
     let tokens = tokenizer.encode(TEXT, false).unwrap().get_ids().to_vec();
     let package = std::sync::Arc::new(TargetPackage::open(&model).unwrap());
     let vocab = package.config.vocab_size;
+    // f32 KV at both precisions, as the command above runs (`--kv-type f32`).
     let logits_at = |p: Precision, window: &[u32]| {
+        let kv_type = npu_runtime::KvType::F32;
         let options = npu_runtime::CpuOptions {
             precision: p,
+            kv_type,
             ..Default::default()
         };
         let mut t = CpuTarget::with_options(&package, options).unwrap();

@@ -181,6 +181,8 @@ fn bench_reports_json() {
     let v = json_of(out);
     assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(v["read_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    // The default KV type on the CPU backend at the default (integer) precision.
+    assert_eq!(v["kv_type"], "bf16");
     let passes = v["passes"].as_array().unwrap();
     assert_eq!(
         passes
@@ -204,6 +206,111 @@ fn bench_reports_json() {
             "{p}"
         );
     }
+}
+
+/// `--kv-type` picks the KV cache's storage and reports it; `auto` is f32 at
+/// `--precision f32` (the exact reference) and bf16 at the integer precisions.
+#[test]
+fn kv_type_is_chosen_and_reported() {
+    for (args, want) in [
+        (&["--kv-type", "q8"][..], "q8"),
+        (&["--kv-type", "f32"][..], "f32"),
+        (&["--precision", "f32"][..], "f32"),
+        (&["--precision", "q8"][..], "bf16"),
+    ] {
+        let out = onebit()
+            .args([
+                "run",
+                "--json",
+                "--prompt-tokens",
+                "1,2,3",
+                "--max-tokens",
+                "3",
+            ])
+            .args(args)
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"))
+            .output()
+            .unwrap();
+        let v = json_of(out);
+        assert_eq!(v["kv_type"], want, "{args:?}");
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    }
+}
+
+/// A prompt plus `--max-tokens` beyond the context is refused before any work, with
+/// both numbers; `--ctx-len` above the model's positions is refused; without
+/// `--max-tokens` the run stops where the context ends.
+#[test]
+fn context_limits_are_refused_by_name() {
+    for (args, message) in [
+        (
+            &["--max-tokens", "300"][..],
+            "run: the prompt's 3 tokens plus --max-tokens 300 make 303, more than the context of 256 positions",
+        ),
+        (
+            &["--ctx-len", "10", "--max-tokens", "8"][..],
+            "run: the prompt's 3 tokens plus --max-tokens 8 make 11, more than the context of 10 positions",
+        ),
+        (
+            &["--ctx-len", "3"][..],
+            "run: the prompt's 3 tokens leave no room in the context of 3 positions",
+        ),
+        (
+            &["--ctx-len", "300"][..],
+            "--ctx-len 300 exceeds the model's max_position_embeddings 256",
+        ),
+    ] {
+        onebit()
+            .args(["run", "--prompt-tokens", "1,2,3"])
+            .args(args)
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"))
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(predicate::str::contains(message));
+    }
+    let out = onebit()
+        .args(["run", "--json", "--ignore-eos", "--prompt-tokens", "1,2,3"])
+        .args(["--ctx-len", "8", "--model"])
+        .arg(fixture("tiny-qwen3"))
+        .output()
+        .unwrap();
+    let v = json_of(out);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 5);
+    assert_eq!(v["stop_reason"], "max_tokens");
+}
+
+/// `bench --context N` prefills N tokens and measures at that depth; a benchmark that
+/// does not fit the context is refused with the numbers.
+#[test]
+fn bench_context_mode() {
+    let out = onebit()
+        .args([
+            "bench",
+            "--json",
+            "--context",
+            "100",
+            "--decode-tokens",
+            "4",
+        ])
+        .arg("--model")
+        .arg(fixture("tiny-llama"))
+        .output()
+        .unwrap();
+    let v = json_of(out);
+    assert_eq!(v["context"], 100);
+    assert_eq!(v["prefill_tokens"], 100);
+    assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    onebit()
+        .args(["bench", "--context", "240", "--decode-tokens", "4", "--model"])
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "bench: 240 prompt tokens + 4 decode steps + a 16-row pass need 260 positions, more than the context of 256",
+        ));
 }
 
 /// `onebit run` with no prompt on a terminal chats turn by turn, reusing the KV cache

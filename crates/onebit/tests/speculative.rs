@@ -138,7 +138,7 @@ fn oracle_side_by_side_and_bench() {
 }
 
 #[test]
-fn bench_sweeps_k_for_a_draft() {
+fn bench_runs_adaptive_k_then_sweeps_k_for_a_draft() {
     let (_dir, target, draft) = reference_pair();
     let out = onebit()
         .args(["bench", "--json", "--tokens", "24"])
@@ -149,9 +149,17 @@ fn bench_sweeps_k_for_a_draft() {
         .output()
         .unwrap();
     let v = json_of(out);
-    let ks: Vec<u64> = v["speculative"]
+    let rules: Vec<&str> = v["speculative"]
         .as_array()
         .unwrap()
+        .iter()
+        .map(|r| r["k_rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rules[0], "adaptive k <= 7",
+        "adaptive k first, as `run` decodes"
+    );
+    let ks: Vec<u64> = v["speculative"].as_array().unwrap()[1..]
         .iter()
         .map(|r| r["k"].as_u64().unwrap())
         .collect();

@@ -322,25 +322,16 @@ fn cases() -> Result<Vec<Case>> {
     let keys = input.floats(cache_len);
     let values = input.floats(cache_len);
     let mut reference = vec![0f32; n * q_dim];
-    let mut scores = Vec::new();
-    let group = g.num_heads / g.num_kv_heads;
-    let span = g.capacity * hd;
-    for i in 0..n {
-        for head in 0..g.num_heads {
-            let kh = head / group;
-            let len = PASS.position + i + 1;
-            let at = i * q_dim + head * hd;
-            kernels::attend(
-                &q[at..at + hd],
-                &keys[kh * span..],
-                &values[kh * span..],
-                len,
-                1.0 / (hd as f32).sqrt(),
-                &mut scores,
-                &mut reference[at..at + hd],
-            );
-        }
-    }
+    super::device::attention_over_rows(
+        Isa::scalar(),
+        &g,
+        PASS.position,
+        n,
+        &q,
+        &keys,
+        &values,
+        &mut reference,
+    );
     cases.push(Case {
         op: "attention",
         shape: format!(

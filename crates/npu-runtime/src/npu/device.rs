@@ -2,12 +2,42 @@
 //! simulated NPU: host buffers and the CPU kernels, one op at a time, exactly as a
 //! device would be driven (bytes in, bytes out, nothing shared with the host).
 
-use rayon::prelude::*;
-
 use super::pack::unpack_tiles;
 use super::plan::{BufferId, BufferSpec, Elem, Geometry, Op, PassArgs};
 use crate::error::{Result, TargetError};
 use crate::kernels::{self, Isa};
+
+/// The CPU backend's attention (`kernels::attention`, f32 KV) of `n` query rows at
+/// positions `p0..` over a plan's KV buffers (`[kv_head][capacity][head_dim]`, f32): the
+/// positions `0..p0 + n` are copied into the kernels' KV layout first, so the sim gives
+/// the CPU backend's bits at `--kv-type f32`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_over_rows(
+    isa: Isa,
+    g: &Geometry,
+    p0: usize,
+    n: usize,
+    queries: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    out: &mut [f32],
+) {
+    let (hd, kvh, len) = (g.head_dim, g.num_kv_heads, p0 + n);
+    let mut layer = kernels::kv::KvLayer::new(kernels::kv::KvType::F32, kvh, hd);
+    let (mut k, mut v) = (Vec::with_capacity(kvh * hd), Vec::with_capacity(kvh * hd));
+    for t in 0..len {
+        k.clear();
+        v.clear();
+        for kh in 0..kvh {
+            let at = (kh * g.capacity + t) * hd;
+            k.extend_from_slice(&keys[at..at + hd]);
+            v.extend_from_slice(&values[at..at + hd]);
+        }
+        layer.append(&k, &v, 1);
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    kernels::attention::attention(isa, &layer, queries, n, p0, g.num_heads, scale, out);
+}
 
 /// What the NPU backend needs from a device.
 pub trait Device {
@@ -235,27 +265,16 @@ impl SimDevice {
             } => {
                 let mut y = self.take(out)?;
                 let (qs, ks, vs) = (self.floats(q)?, self.floats(keys)?, self.floats(values)?);
-                let group = g.num_heads / g.num_kv_heads;
                 let q_dim = g.num_heads * hd;
-                let scale = 1.0 / (hd as f32).sqrt();
-                let span = g.capacity * hd;
-                y[..n * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
-                    Vec::new,
-                    |scores, (idx, o)| {
-                        let (i, head) = (idx / g.num_heads, idx % g.num_heads);
-                        let kh = head / group;
-                        let query = &qs[i * q_dim + head * hd..i * q_dim + (head + 1) * hd];
-                        let len = pass.position + i + 1;
-                        kernels::attend(
-                            query,
-                            &ks[kh * span..kh * span + len * hd],
-                            &vs[kh * span..kh * span + len * hd],
-                            len,
-                            scale,
-                            scores,
-                            o,
-                        );
-                    },
+                attention_over_rows(
+                    self.kernel,
+                    g,
+                    pass.position,
+                    n,
+                    &qs[..n * q_dim],
+                    ks,
+                    vs,
+                    &mut y[..n * q_dim],
                 );
                 self.put(out, y);
             }

@@ -54,16 +54,27 @@ fn round_even(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
-/// Quantizes one group: `d = max|v| / 127`, `q = round(v · 127 / max|v|)` (ties to
-/// even), clamped to ±127. Returns `d` and writes the codes.
+/// Quantizes one group of any length (32 for activations, `head_dim` for q8 KV rows):
+/// `d = max|v| / 127`, `q = round(v · 127 / max|v|)` (ties to even), clamped to ±127,
+/// NaN as 0. Returns `d` and writes the codes (as many as there are values).
 ///
 /// # Panics
-/// If `values` and `codes` are not both [`GROUP`] long.
+/// If `codes` is shorter than `values`.
 #[inline]
 pub fn quantize_group(values: &[f32], codes: &mut [i8]) -> f32 {
-    let values: &[f32; GROUP] = values.try_into().expect("q8: a group is 32 values");
-    let codes: &mut [i8; GROUP] = codes.try_into().expect("q8: a group is 32 codes");
-    quantize_codes(values, codes, None) / 127.0
+    if let (Ok(values), Ok(codes)) = (
+        <&[f32; GROUP]>::try_from(values),
+        <&mut [i8; GROUP]>::try_from(&mut *codes),
+    ) {
+        return quantize_codes(values, codes, None) / 127.0;
+    }
+    assert!(codes.len() >= values.len(), "q8: fewer codes than values");
+    let amax = values.iter().fold(0f32, |m, &v| m.max(v.abs()));
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in codes.iter_mut().zip(values) {
+        *q = to_i8(code_of(round_even(v * inverse)));
+    }
+    amax / 127.0
 }
 
 /// A group's codes `q = round(t)`, `t = v · 127 / max|v|` (ties to even, clamped to

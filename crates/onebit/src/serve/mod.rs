@@ -183,6 +183,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         head: crate::run::HeadArg::Auto,
         kernel: crate::run::KernelArg::Auto,
         precision: args.precision,
+        kv_type: crate::run::KvTypeArg::Auto,
         backend: crate::backend::BackendArg::Cpu,
         kernels: None,
         device: 0,

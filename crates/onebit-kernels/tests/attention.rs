@@ -1,0 +1,347 @@
+//! The attention family and the KV layout: every variant this CPU has equals the scalar
+//! reference bit for bit at every KV type; a batch of rows equals each row alone; the
+//! work split and the thread count change nothing; the reference is within a measured
+//! bound of an f64 softmax over the stored keys and values; `exp2` is within its stated
+//! error; bf16 and q8 storage round as documented; `truncate` is exact.
+
+use onebit_kernels::attention::{self, attention_split, exp2, Split, BLOCK};
+use onebit_kernels::kv::{KvLayer, KvType};
+use onebit_kernels::team::Team;
+use onebit_kernels::Isa;
+use proptest::prelude::*;
+
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+struct Case {
+    layer: KvLayer,
+    queries: Vec<f32>,
+    n: usize,
+    p0: usize,
+    heads: usize,
+    scale: f32,
+}
+
+fn case(
+    kv_type: KvType,
+    kvh: usize,
+    group: usize,
+    hd: usize,
+    len: usize,
+    n: usize,
+    seed: u64,
+) -> Case {
+    let mut layer = KvLayer::new(kv_type, kvh, hd);
+    let k = values(len * kvh * hd, seed, 4.0);
+    let v = values(len * kvh * hd, seed + 1, 2.0);
+    // Append in uneven pieces, as prefill chunks and decode steps do.
+    let mut at = 0;
+    let mut piece = 1 + (seed as usize % 37);
+    while at < len {
+        let m = piece.min(len - at);
+        let w = kvh * hd;
+        layer.append(&k[at * w..(at + m) * w], &v[at * w..(at + m) * w], m);
+        at += m;
+        piece = piece * 3 % 101 + 1;
+    }
+    let heads = kvh * group;
+    Case {
+        layer,
+        queries: values(n * heads * hd, seed + 2, 3.0),
+        n,
+        p0: len - n,
+        heads,
+        scale: 1.0 / (hd as f32).sqrt(),
+    }
+}
+
+fn run(c: &Case, isa: Isa, split: Split) -> Vec<f32> {
+    let hd = c.layer.head_dim();
+    let mut out = vec![0f32; c.n * c.heads * hd];
+    attention_split(
+        isa, &c.layer, &c.queries, c.n, c.p0, c.heads, c.scale, &mut out, split,
+    );
+    out
+}
+
+fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
+    }
+    assert_eq!(got.len(), want.len());
+}
+
+fn isas() -> Vec<Isa> {
+    let all = Isa::available();
+    eprintln!(
+        "attention variants compared: {}",
+        all.iter()
+            .map(|i| format!("{} ({})", i.name(), attention::variant_name(*i)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    all
+}
+
+/// Every variant and every split equals the reference; every row equals itself alone.
+fn check(kv_type: KvType, kvh: usize, group: usize, hd: usize, len: usize, n: usize, seed: u64) {
+    let c = case(kv_type, kvh, group, hd, len, n, seed);
+    let want = run(&c, Isa::scalar(), Split::Rows);
+    let what = |isa: Isa, s: &str| {
+        format!(
+            "{} ({}) {s}, {} kv, {kvh} kv heads x {group}, hd {hd}, len {len}, {n} rows",
+            isa.name(),
+            attention::variant_name(isa),
+            kv_type.name()
+        )
+    };
+    for isa in isas() {
+        for split in [
+            Split::Rows,
+            Split::Blocks { per: 1 },
+            Split::Blocks { per: 3 },
+            Split::Auto,
+        ] {
+            assert_bits(
+                &run(&c, isa, split),
+                &want,
+                &what(isa, &format!("{split:?}")),
+            );
+        }
+        // Each row alone, over a layer holding only what that row sees.
+        let width = c.heads * hd;
+        for i in 0..n {
+            let mut alone = c.layer.clone();
+            alone.truncate(c.p0 + i + 1);
+            let single = Case {
+                layer: alone,
+                queries: c.queries[i * width..(i + 1) * width].to_vec(),
+                n: 1,
+                p0: c.p0 + i,
+                heads: c.heads,
+                scale: c.scale,
+            };
+            assert_bits(
+                &run(&single, isa, Split::Auto),
+                &want[i * width..(i + 1) * width],
+                &what(isa, &format!("row {i} alone")),
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn variants_and_splits_equal_the_reference(
+        kv in 0usize..3, kvh in 1usize..4, group in 1usize..6,
+        hd in prop::sample::select(vec![16usize, 32, 48, 64, 128, 40]),
+        len in 1usize..300, rows in 1usize..6, seed in 0u64..1000,
+    ) {
+        let n = rows.min(len);
+        check(KvType::ALL[kv], kvh, group, hd, len, n, seed);
+    }
+}
+
+#[test]
+fn block_edges_and_smollm2_geometry() {
+    for kv_type in KvType::ALL {
+        for len in [1, 63, 64, 65, 127, 128, 129, 200] {
+            check(kv_type, 3, 3, 64, len, 1.min(len), len as u64);
+            check(kv_type, 3, 3, 64, len, 4.min(len), len as u64 + 1);
+        }
+        check(kv_type, 2, 8, 128, 300, 3, 9);
+    }
+}
+
+/// The thread count (a team of 1 or 2, rayon pools of 1 or 2) changes nothing.
+#[test]
+fn independent_of_the_thread_count() {
+    for kv_type in KvType::ALL {
+        for (len, n) in [(1000, 1), (700, 5), (130, 17)] {
+            let c = case(kv_type, 3, 3, 64, len, n, 77);
+            let want = run(&c, Isa::scalar(), Split::Rows);
+            for isa in Isa::available() {
+                for threads in [1, 2] {
+                    let team = Team::new(threads, "attn-test").unwrap();
+                    let got = team.install(|| run(&c, isa, Split::Auto));
+                    assert_bits(&got, &want, &format!("{} team of {threads}", isa.name()));
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let got = pool.install(|| run(&c, isa, Split::Auto));
+                    assert_bits(
+                        &got,
+                        &want,
+                        &format!("{} rayon pool of {threads}", isa.name()),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `exp2` against `f64::exp2` on `[-125, 0]`: relative error at most 1.2e-7 (measured
+/// 8.0e-8 over 2M points), and 0
+/// below `EXP2_MIN`; the SIMD variants share it through the attention tests above.
+#[test]
+fn exp2_is_within_its_stated_error() {
+    let mut worst = 0f64;
+    let steps = 2_000_000;
+    for i in 0..=steps {
+        let x = -125.0 * (i as f64 / steps as f64);
+        let x = x as f32;
+        let got = exp2(x) as f64;
+        let want = (x as f64).exp2();
+        worst = worst.max(((got - want) / want).abs());
+    }
+    for x in [0.0f32, -0.0, -0.5, -1.0, -1e-8, -124.999] {
+        let want = (x as f64).exp2();
+        worst = worst.max(((exp2(x) as f64 - want) / want).abs());
+    }
+    eprintln!("exp2: worst relative error {worst:.3e}");
+    assert!(worst <= 1.2e-7, "exp2 relative error {worst:e}");
+    assert_eq!(exp2(0.0), 1.0);
+    assert_eq!(exp2(-125.5), 0.0);
+    assert_eq!(exp2(f32::NEG_INFINITY), 0.0);
+}
+
+/// The reference against softmax attention evaluated in f64 over the same stored keys
+/// and values (the storage rounding is the KV type's, tested separately): the error is
+/// within 1e-6 of the largest |value| (measured: 1.5e-7, up to 2048 positions).
+#[test]
+fn reference_is_close_to_f64_attention() {
+    let mut worst = 0f64;
+    for kv_type in KvType::ALL {
+        for (len, n, seed) in [(1, 1, 1), (50, 3, 2), (333, 4, 3), (2048, 2, 4)] {
+            let c = case(kv_type, 2, 2, 64, len, n, seed);
+            let got = run(&c, Isa::scalar(), Split::Rows);
+            let hd = 64;
+            let group = 2;
+            let mut vmax = 0f64;
+            for i in 0..n {
+                for h in 0..c.heads {
+                    let view = c.layer.head(h / group);
+                    let q = &c.queries[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
+                    let visible = c.p0 + i + 1;
+                    let scores: Vec<f64> = (0..visible)
+                        .map(|t| {
+                            let k = view.key_f32(t);
+                            q.iter()
+                                .zip(&k)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * c.scale as f64
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let total: f64 = p.iter().sum();
+                    let mut want = vec![0f64; hd];
+                    for (t, &pt) in p.iter().enumerate() {
+                        for (d, &v) in view.value_f32(t).iter().enumerate() {
+                            want[d] += pt / total * v as f64;
+                            vmax = vmax.max((v as f64).abs());
+                        }
+                    }
+                    let o = &got[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
+                    for (g, w) in o.iter().zip(&want) {
+                        worst = worst.max((*g as f64 - w).abs() / vmax);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("attention reference vs f64: worst error {worst:.3e} of max |v|");
+    assert!(worst <= 1e-6, "reference vs f64: {worst:e}");
+}
+
+/// bf16 keys and values are the inputs rounded to nearest even; q8 ones are within half a
+/// step of `d = max|v| / 127` per (position, kv head); f32 ones are exact.
+#[test]
+fn storage_rounds_as_documented() {
+    let (kvh, hd, len) = (3, 64, 150);
+    let k = values(len * kvh * hd, 5, 4.0);
+    let v = values(len * kvh * hd, 6, 2.0);
+    for kv_type in KvType::ALL {
+        let mut layer = KvLayer::new(kv_type, kvh, hd);
+        layer.append(&k, &v, len);
+        for h in 0..kvh {
+            let view = layer.head(h);
+            for t in 0..len {
+                let at = (t * kvh + h) * hd;
+                for (src, got) in [(&k, view.key_f32(t)), (&v, view.value_f32(t))] {
+                    let want = &src[at..at + hd];
+                    let amax = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
+                    for (&w, &g) in want.iter().zip(&got) {
+                        match kv_type {
+                            KvType::F32 => assert_eq!(w.to_bits(), g.to_bits()),
+                            KvType::Bf16 => {
+                                assert_eq!(half::bf16::from_f32(w).to_f32().to_bits(), g.to_bits())
+                            }
+                            KvType::Q8 => {
+                                assert!((w - g).abs() <= amax / 127.0 * 0.5001, "{w} vs {g}")
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let expected = kv_type.bytes_per_position(hd) * kvh * len;
+        let blocks_extra = match kv_type {
+            // Keys (and their q8 scales) are allocated in whole blocks.
+            KvType::F32 => (len.div_ceil(BLOCK) * BLOCK - len) * kvh * hd * 4,
+            KvType::Bf16 => (len.div_ceil(BLOCK) * BLOCK - len) * kvh * hd * 2,
+            KvType::Q8 => (len.div_ceil(BLOCK) * BLOCK - len) * kvh * (hd + 4),
+        };
+        assert_eq!(
+            layer.byte_len(),
+            expected + blocks_extra,
+            "{}",
+            kv_type.name()
+        );
+    }
+}
+
+/// Memory grows with use, one key block at a time; `truncate` leaves exactly what
+/// appending the kept positions alone builds, and appending again repeats the bits.
+#[test]
+fn growth_and_truncate_are_exact() {
+    let (kvh, hd, len) = (2, 32, 260);
+    let k = values(len * kvh * hd, 11, 4.0);
+    let v = values(len * kvh * hd, 12, 2.0);
+    let w = kvh * hd;
+    for kv_type in KvType::ALL {
+        let mut full = KvLayer::new(kv_type, kvh, hd);
+        for t in 0..len {
+            full.append(&k[t * w..(t + 1) * w], &v[t * w..(t + 1) * w], 1);
+            assert_eq!(full.key_elements(0), (t + 1).div_ceil(BLOCK) * BLOCK * hd);
+        }
+        for keep in [0, 1, 63, 64, 65, 128, 200, 259, 260] {
+            let mut cut = full.clone();
+            cut.truncate(keep);
+            let mut fresh = KvLayer::new(kv_type, kvh, hd);
+            fresh.append(&k[..keep * w], &v[..keep * w], keep);
+            assert_eq!(cut, fresh, "{} truncate to {keep}", kv_type.name());
+            cut.append(&k[keep * w..], &v[keep * w..], len - keep);
+            assert_eq!(
+                cut,
+                full,
+                "{} truncate to {keep} and replay",
+                kv_type.name()
+            );
+        }
+    }
+}
