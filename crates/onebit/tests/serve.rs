@@ -802,3 +802,24 @@ print("ok", whole)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"));
 }
+
+#[test]
+fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
+    let (_dir, pkg) = tiny();
+    let plain = Server::start(&pkg, &[], true);
+    let lookup = Server::start(&pkg, &["--lookup"], true);
+    let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let (_, a) = plain.post("/v1/completions", &body);
+    let (st, b) = lookup.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(a["choices"], b["choices"]);
+    assert!(a["timings"].get("draft_n").is_none(), "{a}");
+    let t = &b["timings"];
+    assert!(t["draft_n"].is_u64(), "{t}");
+    assert!(
+        t["draft_n_accepted"].as_u64().unwrap() <= t["draft_n"].as_u64().unwrap(),
+        "{t}"
+    );
+    lookup.wait_log("drafts ", 1);
+}
