@@ -823,6 +823,8 @@ impl Report {
             for (name, _, _, get) in ROWS {
                 let (p, o) = (get(deep), get(&ours));
                 let ratio = p.zip(o).map(|(p, o)| format!("{:.2}", o / p));
+                // The deep table's prefill is the long prompt (pp N), not pp128.
+                let name = name.replace("prefill 128", &format!("prefill {n}"));
                 println!(
                     "{:<20} {:>11} {:>11} {:>17}",
                     name,

@@ -10,19 +10,8 @@ use onebit_kernels::Isa;
 use proptest::prelude::*;
 use q4nx_format::{encode_q4_1, Q4Kind, Q4Matrix};
 
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
+mod common;
+use common::values;
 
 fn isas() -> Vec<Isa> {
     let all = Isa::available();

@@ -329,15 +329,7 @@ fn interactive_run_chats_over_turns_on_a_terminal() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let pkg = dir.path().join("tiny");
-    onebit()
-        .arg("convert")
-        .arg("--quiet")
-        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
-        .arg(&pkg)
-        .assert()
-        .success();
+    let (_dir, pkg) = common::tiny_llama_package();
     let command = format!(
         "{} run --model {} --max-tokens 6 --threads 1",
         env!("CARGO_BIN_EXE_onebit"),

@@ -10,7 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{fixture, onebit};
 use serde_json::{json, Value};
 
 /// A running server; killed on drop.
@@ -141,16 +140,7 @@ fn client() -> reqwest::blocking::Client {
 
 /// tiny-llama converted (model, config, a tokenizer that encodes) into a temp dir.
 fn tiny() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let pkg = dir.path().join("tiny-llama");
-    onebit()
-        .arg("convert")
-        .arg("--quiet")
-        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
-        .arg(&pkg)
-        .assert()
-        .success();
-    (dir, pkg)
+    common::tiny_llama_package()
 }
 
 fn chat(content: &str, max_tokens: u64) -> Value {

@@ -46,3 +46,18 @@ pub fn reference_pair() -> (tempfile::TempDir, std::path::PathBuf, std::path::Pa
         .success();
     (dir, target, draft)
 }
+
+/// tiny-llama converted from its GGUF (model, config and a tokenizer that encodes) into
+/// a temporary folder: the folder (keep it alive) and the package's path.
+pub fn tiny_llama_package() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("tiny-llama");
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
+        .arg(&pkg)
+        .assert()
+        .success();
+    (dir, pkg)
+}
