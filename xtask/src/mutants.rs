@@ -75,8 +75,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "q8-quantizer-truncates-instead-of-rounding",
         file: "crates/onebit-kernels/src/q8/mod.rs",
-        find: "round_even(v * inverse).clamp(-127.0, 127.0) as i8",
-        replace: "(v * inverse).clamp(-127.0, 127.0) as i8",
+        find: "*c = code_of(round_even(v * inverse));",
+        replace: "*c = code_of(v * inverse);",
         tests: &["-p", "onebit-kernels", "--test", "q8"],
         also: None,
         requires: &[],
@@ -451,8 +451,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "adaptive-probes-ignore-their-budget",
         file: "crates/mtp/src/adaptive.rs",
-        find: "false => self.probe_floor(costs, draft_cost),",
-        replace: "false => 0,",
+        find: "true => self.probe_floor(costs, draft_cost),",
+        replace: "true => 0,",
         tests: &["-p", "mtp", "--test", "adaptive"],
         also: None,
         requires: &[],
