@@ -710,19 +710,21 @@ impl Session {
             stats: mtp::Stats::default(),
             drafted: false,
         };
-        // Chunked prefill: whole chunks here, the last (partial) chunk, which holds the
-        // last prompt token, in the loop's own prefill pass — one pass for a short prompt.
-        let mut pos = cached;
-        while ids.len() - pos > PREFILL_CHUNK {
-            if cancel.is_cancelled() {
-                completion.timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
-                return Ok(completion);
-            }
-            let end = pos + PREFILL_CHUNK;
-            self.target.forward_last(&ids[pos..end])?;
-            self.history.extend_from_slice(&ids[pos..end]);
-            pos = end;
+        // Chunked prefill (`Forward::prefill_with`, the flag asked before each chunk): the
+        // whole chunks here, the last (partial) chunk, which holds the last prompt token,
+        // in the loop's own prefill pass — one pass for a short prompt.
+        let whole = (ids.len() - cached).saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK;
+        let prefilled =
+            self.target
+                .prefill_with(&ids[cached..cached + whole], PREFILL_CHUNK, &mut |_| {
+                    !cancel.is_cancelled()
+                });
+        match prefilled {
+            Ok(_) | Err(npu_runtime::TargetError::Cancelled { .. }) => {}
+            Err(e) => return Err(e.into()),
         }
+        let position = self.target.position();
+        self.history.extend_from_slice(&ids[cached..position]);
         if cancel.is_cancelled() {
             completion.timings.prompt_ms = start.elapsed().as_secs_f64() * 1e3;
             return Ok(completion);
@@ -815,7 +817,7 @@ impl Session {
             &mut self.target,
             head_ref,
             ids,
-            pos,
+            position,
             &options,
             &mut on_token,
         );
