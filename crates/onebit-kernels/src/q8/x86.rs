@@ -20,6 +20,10 @@ use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 
 /// Level rows per sweep of a weight block (a multiple of every level count).
 const MAX_R: usize = 4;
+/// Level rows per sweep of the AVX-512 q4 kernel (a multiple of every level count).
+const WIDE_R: usize = 8;
+/// How many q4 groups ahead the first sweep of a block prefetches.
+const PREFETCH_GROUPS: usize = 2;
 
 /// Raw views of input rows `i0 ..` (no bounds checks in the inner loops; every index
 /// used below is inside the row by construction: `g < K / 32`, offsets `< 32`).
@@ -86,6 +90,30 @@ macro_rules! sweep_inputs {
             i0 += MAX_R;
         }
     }};
+    // AVX-512: 32 registers hold eight level rows' accumulators.
+    (@wide $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+        match $x.levels() {
+            Levels::One => sweep_inputs!(@wide_levels 1, $kernel, $w, $b, $x, $out),
+            Levels::Two => sweep_inputs!(@wide_levels 2, $kernel, $w, $b, $x, $out),
+        }
+    }};
+    (@wide_levels $l:literal, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+        let n = $x.level_rows();
+        let mut i0 = 0;
+        while i0 < n {
+            match n - i0 {
+                1 => $kernel::<1, $l>($w, $b, $x, i0, $out),
+                2 => $kernel::<2, $l>($w, $b, $x, i0, $out),
+                3 => $kernel::<3, $l>($w, $b, $x, i0, $out),
+                4 => $kernel::<4, $l>($w, $b, $x, i0, $out),
+                5 => $kernel::<5, $l>($w, $b, $x, i0, $out),
+                6 => $kernel::<6, $l>($w, $b, $x, i0, $out),
+                7 => $kernel::<7, $l>($w, $b, $x, i0, $out),
+                _ => $kernel::<WIDE_R, $l>($w, $b, $x, i0, $out),
+            }
+            i0 += WIDE_R;
+        }
+    }};
 }
 
 /// Level rows `L·o ..` of exact sums folded into input row `o`'s:
@@ -118,7 +146,42 @@ pub(super) unsafe fn block_q4_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    unsafe { sweep_inputs!(q4_512, w, b, x, out) }
+    unsafe { sweep_inputs!(@wide q4_512, w, b, x, out) }
+}
+
+/// `acc + Σ_4 w(u8) · x(s8)` per lane, `x` the four codes at `row + OFFSET`
+/// broadcast to every lane by the instruction's own memory operand (`{1to16}`): a
+/// broadcast costs a load, not a vector register, so a sweep can hold eight level rows'
+/// accumulators. The caller guarantees `row + OFFSET .. + 4` lies inside the row's codes
+/// (`row` is a group's first code, `OFFSET ≤ 28`); the block reads nothing else.
+macro_rules! dpbusd_broadcast {
+    ($acc:expr, $w:expr, $row:expr, $offset:literal) => {{
+        let mut acc: __m512i = $acc;
+        core::arch::asm!(
+            concat!("vpdpbusd {acc}, {w}, dword ptr [{row} + ", $offset, "]{{1to16}}"),
+            acc = inout(zmm_reg) acc,
+            w = in(zmm_reg) $w,
+            row = in(reg) $row,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    }};
+}
+
+/// One quad column `q` (a literal) of a 16-row half: its 64 bytes of nibbles decoded
+/// once, then the low nibbles (columns `8q .. 8q+4`) and the high (`8q+4 .. 8q+8`)
+/// against every level row.
+macro_rules! q4_512_quad {
+    ($p:expr, $h:expr, $q:literal, $lo_off:literal, $hi_off:literal,
+     $mask:expr, $rows:expr, $lo:expr, $hi:expr) => {{
+        let c = _mm512_loadu_si512($p.add((4 * $h + $q) * 64) as *const _);
+        let wl = _mm512_and_si512(c, $mask);
+        let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), $mask);
+        for r in 0..$rows.len() {
+            $lo[r] = dpbusd_broadcast!($lo[r], wl, $rows[r], $lo_off);
+            $hi[r] = dpbusd_broadcast!($hi[r], wh, $rows[r], $hi_off);
+        }
+    }};
 }
 
 #[inline]
@@ -140,21 +203,25 @@ unsafe fn q4_512<const R: usize, const L: usize>(
         let mut y = [[_mm512_setzero_ps(); 2]; R];
         for g in 0..groups {
             let p = base.add(g * Q4_GROUP_BYTES);
+            if i0 == 0 {
+                // The first sweep streams the weights in: ask for the group two ahead
+                // (into the next block at the end; blocks are contiguous, and a
+                // prefetch past the matrix is harmless: it never faults).
+                let ahead = p.wrapping_add(PREFETCH_GROUPS * Q4_GROUP_BYTES);
+                for line in 0..Q4_GROUP_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                }
+            }
+            // Each half (16 rows) decodes its nibbles once for all R level rows; the
+            // inputs are read by the dot products' broadcast operands.
             for h in 0..2 {
                 let mut lo = [_mm512_setzero_si512(); R];
                 let mut hi = [_mm512_setzero_si512(); R];
-                for q in 0..4 {
-                    let c = _mm512_loadu_si512(p.add((4 * h + q) * 64) as *const _);
-                    let wl = _mm512_and_si512(c, mask);
-                    let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
-                    for r in 0..R {
-                        let at = g * GROUP + 8 * q;
-                        let bl = _mm512_set1_epi32(xs.quad(r, at));
-                        let bh = _mm512_set1_epi32(xs.quad(r, at + 4));
-                        lo[r] = _mm512_dpbusd_epi32(lo[r], wl, bl);
-                        hi[r] = _mm512_dpbusd_epi32(hi[r], wh, bh);
-                    }
-                }
+                let rows: [*const i8; R] = std::array::from_fn(|r| xs.codes[r].add(g * GROUP));
+                q4_512_quad!(p, h, 0, "0", "4", mask, rows, lo, hi);
+                q4_512_quad!(p, h, 1, "8", "12", mask, rows, lo, hi);
+                q4_512_quad!(p, h, 2, "16", "20", mask, rows, lo, hi);
+                q4_512_quad!(p, h, 3, "24", "28", mask, rows, lo, hi);
                 let d = bf16x16(p.add(512 + 32 * h));
                 let m = bf16x16(p.add(576 + 32 * h));
                 let mut sums = [_mm512_setzero_si512(); R];
@@ -184,6 +251,20 @@ unsafe fn q4_512<const R: usize, const L: usize>(
     }
 }
 
+/// Quad columns `q` and `q + 1` (a literal) of a 16-row int8 block: each 64 bytes of
+/// weights made unsigned once, then against every level row's codes at the offsets.
+macro_rules! i8_512_quads {
+    ($p:expr, $q:literal, $even_off:literal, $odd_off:literal,
+     $flip:expr, $rows:expr, $even:expr, $odd:expr) => {{
+        let w0 = _mm512_xor_si512(_mm512_loadu_si512($p.add($q * 64) as *const _), $flip);
+        let w1 = _mm512_xor_si512(_mm512_loadu_si512($p.add($q * 64 + 64) as *const _), $flip);
+        for r in 0..$rows.len() {
+            $even[r] = dpbusd_broadcast!($even[r], w0, $rows[r], $even_off);
+            $odd[r] = dpbusd_broadcast!($odd[r], w1, $rows[r], $odd_off);
+        }
+    }};
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn block_i8_avx512vnni(
     w: &I8Matrix,
@@ -191,7 +272,7 @@ pub(super) unsafe fn block_i8_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    unsafe { sweep_inputs!(i8_512, w, b, x, out) }
+    unsafe { sweep_inputs!(@wide i8_512, w, b, x, out) }
 }
 
 #[inline]
@@ -214,15 +295,11 @@ unsafe fn i8_512<const R: usize, const L: usize>(
             let p = base.add(g * I8_GROUP_BYTES);
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
-            for q in (0..GROUP / 4).step_by(2) {
-                let w0 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64) as *const _), flip);
-                let w1 = _mm512_xor_si512(_mm512_loadu_si512(p.add(q * 64 + 64) as *const _), flip);
-                for r in 0..R {
-                    let at = g * GROUP + 4 * q;
-                    even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(xs.quad(r, at)));
-                    odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(xs.quad(r, at + 4)));
-                }
-            }
+            let rows: [*const i8; R] = std::array::from_fn(|r| xs.codes[r].add(g * GROUP));
+            i8_512_quads!(p, 0, "0", "4", flip, rows, even, odd);
+            i8_512_quads!(p, 2, "8", "12", flip, rows, even, odd);
+            i8_512_quads!(p, 4, "16", "20", flip, rows, even, odd);
+            i8_512_quads!(p, 6, "24", "28", flip, rows, even, odd);
             let dw = _mm512_loadu_ps(p.add(512) as *const f32);
             let mut sums = [_mm512_setzero_si512(); R];
             for r in 0..R {
