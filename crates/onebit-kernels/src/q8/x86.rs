@@ -389,9 +389,12 @@ macro_rules! q4_256 {
                 let base = w.data().as_ptr().add(b * groups * Q4_GROUP_BYTES);
                 let mask = _mm256_set1_epi8(0x0f);
                 let mut y = [[_mm256_setzero_ps(); 4]; R];
-                for g in 0..groups {
-                    let p = base.add(g * Q4_GROUP_BYTES);
-                    for v in 0..4 {
+                // Eight output rows (`v`) at a time through every group: sixteen vector
+                // registers hold one slice's accumulators without spilling (the block's
+                // weights stay in L1 between slices).
+                for v in 0..4 {
+                    for g in 0..groups {
+                        let p = base.add(g * Q4_GROUP_BYTES);
                         let mut acc = [$zero; R];
                         for q in 0..4 {
                             let c = _mm256_loadu_si256(
