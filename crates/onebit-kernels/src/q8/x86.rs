@@ -293,6 +293,13 @@ unsafe fn i8_512<const R: usize, const L: usize>(
         let mut y = [_mm512_setzero_ps(); R];
         for g in 0..groups {
             let p = base.add(g * I8_GROUP_BYTES);
+            if i0 == 0 {
+                // As in the q4 kernel: the first sweep asks for the group two ahead.
+                let ahead = p.wrapping_add(PREFETCH_GROUPS * I8_GROUP_BYTES);
+                for line in 0..I8_GROUP_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                }
+            }
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             let rows: [*const i8; R] = std::array::from_fn(|r| xs.codes[r].add(g * GROUP));
