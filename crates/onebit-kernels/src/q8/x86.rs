@@ -402,6 +402,15 @@ macro_rules! q4_256 {
                 for v in 0..4 {
                     for g in 0..groups {
                         let p = base.add(g * Q4_GROUP_BYTES);
+                        if i0 == 0 && v == 0 {
+                            // The first slice of the first sweep streams the block in.
+                            let ahead = p.wrapping_add(PREFETCH_GROUPS * Q4_GROUP_BYTES);
+                            for line in 0..Q4_GROUP_BYTES / 64 {
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    ahead.wrapping_add(64 * line) as *const i8
+                                );
+                            }
+                        }
                         let mut acc = [$zero; R];
                         for q in 0..4 {
                             let c = _mm256_loadu_si256(
@@ -516,6 +525,12 @@ macro_rules! i8_256 {
                 let mut y = [[_mm256_setzero_ps(); 2]; R];
                 for g in 0..groups {
                     let p = base.add(g * I8_GROUP_BYTES);
+                    if i0 == 0 {
+                        let ahead = p.wrapping_add(PREFETCH_GROUPS * I8_GROUP_BYTES);
+                        for line in 0..I8_GROUP_BYTES / 64 {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                        }
+                    }
                     for v in 0..2 {
                         let mut acc = [_mm256_setzero_si256(); R];
                         for q in 0..GROUP / 4 {
