@@ -43,6 +43,17 @@ pub fn rope_table(theta: f64, head_dim: usize, position: usize) -> (Vec<f32>, Ve
 
 /// SiLU(gate) * up, in place into `gate`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    /// Elements per task: each costs an `exp`, so a few hundred outweigh a task's cost.
+    const CHUNK: usize = 384;
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
+    if gate.len() <= CHUNK {
+        return swiglu_serial(gate, up);
+    }
+    // Element-wise, so spreading it over the team cannot change a bit.
+    crate::team::for_each_chunk(gate, CHUNK, |i, g| swiglu_serial(g, &up[i * CHUNK..]));
+}
+
+fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let s = *g / (1.0 + (-*g).exp());
         *g = s * u;
