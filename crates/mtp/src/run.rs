@@ -11,8 +11,10 @@ use crate::sample::{Sampler, SamplingConfig, SamplingError};
 use crate::stats::Stats;
 
 /// Prompt tokens per prefill pass at most: bounds the activations and attention scratch
-/// of a long prompt (the result is the same bits for every chunk size).
-pub const PREFILL_CHUNK: usize = 512;
+/// of a long prompt, and is how often a server's prefill asks whether it was cancelled
+/// (about half a second of SmolLM2 prefill on two cores). The result is the same bits
+/// for every chunk size.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// How to run.
 #[derive(Clone, Debug)]

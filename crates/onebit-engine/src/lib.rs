@@ -68,8 +68,9 @@ pub use text::{
     render_chat, Detokenizer, Message, StopMatcher, StopScan, Text, FALLBACK_CHAT_TEMPLATE,
 };
 
-/// Prompt positions run per prefill pass; cancellation is checked between them.
-pub const PREFILL_CHUNK: usize = 256;
+/// Prompt positions run per prefill pass; cancellation is checked between them. The
+/// one chunk size of every prefill (`mtp::run`, `onebit bench` and the engine).
+pub use mtp::PREFILL_CHUNK;
 
 /// Which drafter speculative decoding uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
