@@ -485,6 +485,16 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // The default context: half of the available memory for a full-context KV cache.
+    Mutant {
+        name: "default-context-takes-all-available-memory",
+        file: "crates/onebit/src/context.rs",
+        find: "pub const KV_SHARE_DIVISOR: u128 = 2;",
+        replace: "pub const KV_SHARE_DIVISOR: u128 = 1;",
+        tests: &["-p", "onebit", "--bin", "onebit", "context::"],
+        also: None,
+        requires: &[],
+    },
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`
