@@ -238,8 +238,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-block-attention-causal",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "                total - first,",
-        replace: "                    cache.len + i + 1 - first,",
+        find: "                total - first(i),",
+        replace: "                cache.len + i + 1 - first(i),",
         tests: &["-p", "dflash-draft", "--test", "reference"],
         also: None,
         requires: &[],
@@ -472,6 +472,26 @@ pub const MUTANTS: &[Mutant] = &[
         find: "let pass = cost(k + 1);",
         replace: "let pass = cost(1);",
         tests: &["-p", "mtp", "--test", "adaptive"],
+        also: None,
+        requires: &[],
+    },
+    // The draft's context in the shared KV layout: each block row's own window start.
+    Mutant {
+        name: "draft-rows-read-keys-from-the-first-rows-window",
+        file: "crates/dflash-draft/src/forward.rs",
+        find: "let skip = (first(i) - from) * hd;",
+        replace: "let skip = 0;",
+        tests: &["-p", "dflash-draft", "--test", "cached"],
+        also: None,
+        requires: &[],
+    },
+    // The default context: half of the available memory for a full-context KV cache.
+    Mutant {
+        name: "default-context-takes-all-available-memory",
+        file: "crates/onebit/src/context.rs",
+        find: "pub const KV_SHARE_DIVISOR: u128 = 2;",
+        replace: "pub const KV_SHARE_DIVISOR: u128 = 1;",
+        tests: &["-p", "onebit", "--bin", "onebit", "context::"],
         also: None,
         requires: &[],
     },

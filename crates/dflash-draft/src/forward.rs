@@ -4,8 +4,9 @@
 //! - Context: each committed position's tap row (the target's tap layers, concatenated
 //!   in `target_layer_ids` order) is fused, `c = hidden_norm(fc · tap_row)`.
 //! - [`DraftKvCache`]: per draft layer, the context keys `rope(k_norm(k_proj(c)))` and
-//!   values `v_proj(c)` of committed positions only. Block keys and values are never
-//!   kept: they are recomputed every round.
+//!   values `v_proj(c)` of committed positions only, in the target's KV layout
+//!   (`onebit_kernels::kv`, f32 by default). Block keys and values are never kept: they
+//!   are appended for the round's pass and truncated away before it returns.
 //! - Block: `[last token, mask, ...]` (`block_size` tokens at positions `pos ..`),
 //!   embedded with the target's embedding (a hook) times `embedding_scale`; per layer
 //!   `x += o(attn(rms(x)))`, `x += mlp(rms(x))` where attention is **not causal**: every
@@ -25,6 +26,7 @@
 //! runs inside [`DraftHooks::install`] (the target's thread team) and keeps its rope
 //! tables in the cache, grown with the positions.
 
+use onebit_kernels::kv::{KvCache, KvLayer, KvType};
 use onebit_kernels::q8::{self, Levels, PackedQ4, QuantizedRows};
 use onebit_kernels::{self as kernels, dense, matmul, Isa};
 use q4nx_format::Q4Matrix;
@@ -246,30 +248,42 @@ impl RopeTables {
     }
 }
 
-/// Context keys and values of committed positions, per draft layer and kv head
-/// (`[layer][kv_head] -> positions x head_dim`), and the rope tables they were made with.
-#[derive(Clone, Debug, Default)]
+/// Context keys and values of committed positions, per draft layer, in the KV layout
+/// the target's CPU backend uses ([`KvCache`]: per kv head, keys in 64-position blocks
+/// and values row-major, at a [`KvType`]; f32 by default, exact), and the rope tables
+/// they were made with.
+#[derive(Clone, Debug)]
 pub struct DraftKvCache {
-    keys: Vec<Vec<Vec<f32>>>,
-    values: Vec<Vec<Vec<f32>>>,
+    kv: KvCache,
     len: usize,
     rope: RopeTables,
 }
 
-/// Equal when they hold the same positions' keys and values (the rope tables are a
-/// function of the position, whatever length they have grown to).
+/// Equal when they hold the same positions' keys and values at the same [`KvType`] (the
+/// rope tables are a function of the position, whatever length they have grown to).
 impl PartialEq for DraftKvCache {
     fn eq(&self, other: &DraftKvCache) -> bool {
-        self.len == other.len && self.keys == other.keys && self.values == other.values
+        self.len == other.len && self.kv == other.kv
     }
 }
 
 impl DraftKvCache {
-    /// An empty cache for `config`.
+    /// An empty cache for `config`, storing f32 keys and values (the draft's results are
+    /// those of exact storage).
     pub fn new(config: &DraftConfig) -> DraftKvCache {
+        DraftKvCache::with_kv_type(config, KvType::F32)
+    }
+
+    /// An empty cache for `config` storing keys and values at `kv_type` (converted once,
+    /// as each position is folded in, by the target's rules).
+    pub fn with_kv_type(config: &DraftConfig, kv_type: KvType) -> DraftKvCache {
         DraftKvCache {
-            keys: vec![vec![Vec::new(); config.num_kv_heads]; config.num_layers],
-            values: vec![vec![Vec::new(); config.num_kv_heads]; config.num_layers],
+            kv: KvCache::new(
+                kv_type,
+                config.num_layers,
+                config.num_kv_heads,
+                config.head_dim,
+            ),
             len: 0,
             rope: RopeTables::default(),
         }
@@ -285,13 +299,25 @@ impl DraftKvCache {
         self.len == 0
     }
 
-    /// Keeps the first `len` positions.
-    pub fn truncate(&mut self, len: usize, head_dim: usize) {
-        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            for head in layer {
-                head.truncate(len.min(self.len) * head_dim);
-            }
-        }
+    /// The storage type of the keys and values.
+    pub fn kv_type(&self) -> KvType {
+        self.kv.kv_type()
+    }
+
+    /// The keys and values of draft layer `l` (committed positions only).
+    pub fn layer(&self, l: usize) -> &KvLayer {
+        self.kv.layer(l)
+    }
+
+    /// Bytes the keys and values hold.
+    pub fn byte_len(&self) -> usize {
+        self.kv.byte_len()
+    }
+
+    /// Keeps the first `len` positions (no-op past [`DraftKvCache::len`]); the cache
+    /// then equals one that was only ever given those positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
         self.len = self.len.min(len);
     }
 
@@ -348,13 +374,9 @@ impl DraftKvCache {
             &self.rope.cos,
             &self.rope.sin,
         );
-        for i in 0..n {
-            for kh in 0..c.num_kv_heads {
-                let at = (i * c.num_kv_heads + kh) * hd;
-                self.keys[l][kh].extend_from_slice(&k[at..at + hd]);
-                self.values[l][kh].extend_from_slice(&v[at..at + hd]);
-            }
-        }
+        // Rows of `num_kv_heads · head_dim`, kv head `kh` at `kh · head_dim`: the
+        // layout `KvLayer::append` takes.
+        self.kv.layer_mut(l).append(&k, v, n);
     }
 }
 
@@ -435,24 +457,37 @@ fn run_block(
             &cache.rope.sin,
         );
         cache.append_kv(w, l, k, &v, b, pos);
-        let (keys, values) = (&cache.keys[l], &cache.values[l]);
         let total = cache.len + b;
         let cached = cache.len;
+        // Context positions inside the window of block row `i`; block keys always.
+        let first = |i: usize| match c.sliding_window {
+            Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
+            None => 0,
+        };
+        // Each kv head's keys and values from the first row's window start on, as the
+        // row-major f32 rows `attend` reads (read once per kv head through its view;
+        // f32 values are the store itself).
+        let from = first(0);
+        let layer_kv = cache.kv.layer(l);
+        let rows: Vec<_> = (0..c.num_kv_heads)
+            .map(|kh| {
+                let view = layer_kv.head(kh);
+                let mut keys = Vec::new();
+                view.keys_rows_into(from..total, &mut keys);
+                (keys, view.values_rows(from..total))
+            })
+            .collect();
         // One task per (block row, head): each writes its own head_dim slice.
         kernels::team::for_each_chunk(&mut attn, hd, |idx, out| {
             let scores = &mut Vec::new();
             let (i, head) = (idx / c.num_heads, idx % c.num_heads);
-            // Context positions inside the window of this query; block keys always.
-            let first = match c.sliding_window {
-                Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
-                None => 0,
-            };
-            let kh = head / group;
+            let (keys, values) = &rows[head / group];
+            let skip = (first(i) - from) * hd;
             kernels::attend(
                 &q[i * qd + head * hd..i * qd + (head + 1) * hd],
-                &keys[kh][first * hd..],
-                &values[kh][first * hd..],
-                total - first,
+                &keys[skip..],
+                &values[skip..],
+                total - first(i),
                 scale,
                 scores,
                 out,
@@ -492,7 +527,7 @@ fn run_block(
         layer_outputs.push(x.clone());
     }
     // Drop the block's keys and values: only committed positions stay cached.
-    cache.truncate(cache.len, hd);
+    cache.truncate(cache.len);
     let mut hidden = vec![0f32; b * h];
     kernels::rms_norm(&x, &w.final_norm, c.rms_norm_eps, &mut hidden);
     let picks = picks.min(b - 1);

@@ -5,6 +5,7 @@ use dflash_draft::synthetic::{small_config, write_synthetic};
 use dflash_draft::{
     draft_forward, draft_forward_cached, load_draft, DraftHooks, DraftKvCache, DraftPrecision,
 };
+use onebit_kernels::kv::KvType;
 use onebit_kernels::Isa;
 
 struct Hooks;
@@ -169,6 +170,23 @@ fn sliding_window_hides_the_rows_outside_it() {
         run(&touched)[..h] != reference[..h],
         "the first row inside the window did not reach the block's first row"
     );
+    // After the first layer (before the block's rows have mixed), that position is in
+    // the block's first row's window only: the other rows' windows start later.
+    let first_layer = |ctx: &[f32]| {
+        draft_forward(&w, ctx, n, &block, n, &Hooks)
+            .unwrap()
+            .layer_outputs[0]
+            .clone()
+    };
+    let (plain, moved) = (first_layer(&context), first_layer(&touched));
+    assert!(
+        plain[..h] != moved[..h],
+        "row 0 does not see its window's first position"
+    );
+    assert!(
+        plain[h..] == moved[h..],
+        "a block row sees a context position before its window"
+    );
     w.config.sliding_window = None;
     let unwindowed = |ctx: &[f32]| draft_forward(&w, ctx, n, &block, n, &Hooks).unwrap().hidden;
     assert!(
@@ -212,4 +230,126 @@ fn embedding_scale_scales_the_block_embedding() {
         "embedding_scale is not a plain multiply of the embedding"
     );
     assert!(scaled != plain);
+}
+
+/// The context cache is the target's KV layout (`onebit_kernels::kv`), f32 unless asked
+/// otherwise. At every KV type, truncating to m positions leaves exactly a cache given
+/// only those m (across 64-position key blocks), folding the rest again repeats the
+/// whole, and truncating past the end changes nothing.
+#[test]
+fn cache_truncate_is_exact_at_every_kv_type() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let w = draft.weights().unwrap();
+    assert_eq!(
+        DraftKvCache::new(&w.config).kv_type(),
+        KvType::F32,
+        "the default"
+    );
+    let width = w.config.context_width();
+    let len = 150;
+    let context = rows(len, width, 41);
+    for kv_type in KvType::ALL {
+        let name = kv_type.name();
+        let mut full = DraftKvCache::with_kv_type(&w.config, kv_type);
+        full.fold(&w, &context, len).unwrap();
+        assert_eq!((full.len(), full.kv_type()), (len, kv_type));
+        for l in 0..w.config.num_layers {
+            let layer = full.layer(l);
+            assert_eq!((layer.len(), layer.kv_type()), (len, kv_type), "{name}");
+            assert_eq!(layer.kv_heads(), w.config.num_kv_heads);
+        }
+        for keep in [0, 1, 63, 64, 65, 100, 149, 150] {
+            let mut cut = full.clone();
+            cut.truncate(keep);
+            let mut fresh = DraftKvCache::with_kv_type(&w.config, kv_type);
+            fresh.fold(&w, &context[..keep * width], keep).unwrap();
+            assert!(cut == fresh, "{name}: truncate to {keep}");
+            assert_eq!(
+                cut.byte_len(),
+                fresh.byte_len(),
+                "{name}: truncate to {keep}"
+            );
+            cut.fold(&w, &context[keep * width..], len - keep).unwrap();
+            assert!(cut == full, "{name}: truncate to {keep} and fold again");
+        }
+        let mut past = full.clone();
+        past.truncate(len + 5);
+        assert!(past == full, "{name}: truncate past the end");
+        let other = if kv_type == KvType::F32 {
+            KvType::Bf16
+        } else {
+            KvType::F32
+        };
+        let mut converted = DraftKvCache::with_kv_type(&w.config, other);
+        converted.fold(&w, &context, len).unwrap();
+        assert!(
+            converted != full,
+            "{name}: another KV type is another cache"
+        );
+    }
+}
+
+/// At every KV type a cache grown round by round drafts what a cache given all the
+/// committed rows at once drafts, bit for bit; at f32 (the default) that is
+/// `draft_forward`. bf16 and q8 storage change the draft a little, never wildly.
+#[test]
+fn draft_rounds_at_every_kv_type() {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_config(), 5).unwrap();
+    let draft = load_draft(dir.path()).unwrap();
+    let w = draft.reference_weights().unwrap();
+    let width = w.config.context_width();
+    let mut exact: Vec<Vec<f32>> = Vec::new();
+    for kv_type in KvType::ALL {
+        let name = kv_type.name();
+        let mut rng = 17u64;
+        let mut committed = rows(40, width, 5);
+        let mut new_rows = committed.clone();
+        let mut cache = DraftKvCache::with_kv_type(&w.config, kv_type);
+        let (mut diff, mut norm, mut differs) = (0f32, 0f32, false);
+        for round in 0..12 {
+            let pos = committed.len() / width;
+            let block: Vec<u32> = std::iter::once((lcg(&mut rng) % 500) as u32)
+                .chain([511; 3])
+                .collect();
+            let n_new = new_rows.len() / width;
+            let cached =
+                draft_forward_cached(&w, &mut cache, &new_rows, n_new, &block, pos, &Hooks)
+                    .unwrap();
+            let mut whole = DraftKvCache::with_kv_type(&w.config, kv_type);
+            let at_once =
+                draft_forward_cached(&w, &mut whole, &committed, pos, &block, pos, &Hooks).unwrap();
+            assert!(
+                cached == at_once,
+                "{name} round {round}: grown and whole differ"
+            );
+            assert!(cache == whole, "{name} round {round}: the caches differ");
+            match kv_type {
+                KvType::F32 => {
+                    let scratch = draft_forward(&w, &committed, pos, &block, pos, &Hooks).unwrap();
+                    assert!(cached == scratch, "f32 round {round}: not draft_forward");
+                    exact.push(cached.hidden);
+                }
+                _ => {
+                    for (x, y) in cached.hidden.iter().zip(&exact[round]) {
+                        diff = diff.max((x - y).abs());
+                        norm = norm.max(y.abs());
+                        differs |= x != y;
+                    }
+                }
+            }
+            let commit = 1 + (lcg(&mut rng) % 30) as usize;
+            new_rows = rows(commit, width, 100 + round as u64);
+            committed.extend_from_slice(&new_rows);
+        }
+        if kv_type != KvType::F32 {
+            assert!(differs, "{name} storage rounds nothing");
+            assert!(
+                diff < 0.05 * norm,
+                "{name} KV strays {diff} from f32 KV (max |f32| {norm})"
+            );
+        }
+    }
 }

@@ -55,6 +55,22 @@ pub struct TargetConfig {
 }
 
 impl TargetConfig {
+    /// Reads and checks the `config.json` of the package directory `dir` (what
+    /// [`TargetPackage::open`] does first; the tensors are not looked at).
+    pub fn read(dir: &Path) -> Result<TargetConfig> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| TargetError::Io {
+            path: config_path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| TargetError::Config {
+            path: config_path.display().to_string(),
+            key: "(file)".into(),
+            problem: format!("is not valid JSON: {e}"),
+        })?;
+        TargetConfig::from_json(&config_path, &json)
+    }
+
     /// Reads a Hugging Face style `config.json`.
     pub fn from_json(path: &Path, v: &Value) -> Result<TargetConfig> {
         let p = path.display().to_string();
@@ -281,17 +297,7 @@ impl TargetPackage {
     /// Reads `config.json` and maps `model.q4nx`; [`TargetPackage::weights`] checks the tensors.
     pub fn open(dir: impl AsRef<Path>) -> Result<TargetPackage> {
         let dir = dir.as_ref().to_path_buf();
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| TargetError::Io {
-            path: config_path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| TargetError::Config {
-            path: config_path.display().to_string(),
-            key: "(file)".into(),
-            problem: format!("is not valid JSON: {e}"),
-        })?;
-        let config = TargetConfig::from_json(&config_path, &json)?;
+        let config = TargetConfig::read(&dir)?;
         let container = Container::open(dir.join("model.q4nx"))?;
         let package = TargetPackage {
             dir,

@@ -52,12 +52,14 @@ impl KvType {
         KvType::ALL.into_iter().find(|t| t.name() == name)
     }
 
-    /// Bytes one position of one kv head takes (keys and values, scales included).
+    /// Bytes one position of one kv head takes (keys and values, scales included);
+    /// saturates at `usize::MAX` rather than overflow (a head size from a file may be
+    /// absurd, and the figure is used to size things, never to index).
     pub fn bytes_per_position(self, head_dim: usize) -> usize {
         match self {
-            KvType::F32 => 2 * 4 * head_dim,
-            KvType::Bf16 => 2 * 2 * head_dim,
-            KvType::Q8 => 2 * (head_dim + 4),
+            KvType::F32 => head_dim.saturating_mul(2 * 4),
+            KvType::Bf16 => head_dim.saturating_mul(2 * 2),
+            KvType::Q8 => head_dim.saturating_add(4).saturating_mul(2),
         }
     }
 }
@@ -210,6 +212,75 @@ impl KvHeadView<'_> {
             self.value_scales[t]
         };
         (0..self.head_dim).map(|d| self.value(t, d) * s).collect()
+    }
+}
+
+impl<'a> KvHeadView<'a> {
+    /// The keys of positions `range` as f32 rows (`[position][dim]`), each element what
+    /// [`KvHeadView::key_f32`] gives (exact at f32 and bf16, `d · q` at q8): the
+    /// row-major form a per-row kernel such as [`crate::attend`] reads. Replaces the
+    /// contents of `out`.
+    ///
+    /// # Panics
+    /// If `range` reaches past [`KvHeadView::len`].
+    pub fn keys_rows_into(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "kv: keys of positions {range:?} asked of a head holding {}",
+            self.len
+        );
+        let hd = self.head_dim;
+        out.clear();
+        out.resize(range.len() * hd, 0.0);
+        for (row, t) in out.chunks_exact_mut(hd).zip(range) {
+            let base = (t / BLOCK) * hd * BLOCK + t % BLOCK;
+            match (self.keys, self.key_scales.is_empty()) {
+                (ElemsRef::F32(k), _) => row
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(d, o)| *o = k[base + d * BLOCK]),
+                (keys, true) => row
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(d, o)| *o = keys.get(base + d * BLOCK)),
+                (keys, false) => {
+                    let s = self.key_scales[t];
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(d, o)| *o = keys.get(base + d * BLOCK) * s)
+                }
+            }
+        }
+    }
+
+    /// The values of positions `range` as f32 rows (`[position][dim]`), each element
+    /// what [`KvHeadView::value_f32`] gives: borrowed from the store at f32 (values are
+    /// kept row-major), widened into a new vector at bf16 and q8.
+    ///
+    /// # Panics
+    /// If `range` reaches past [`KvHeadView::len`].
+    pub fn values_rows(&self, range: std::ops::Range<usize>) -> std::borrow::Cow<'a, [f32]> {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "kv: values of positions {range:?} asked of a head holding {}",
+            self.len
+        );
+        let hd = self.head_dim;
+        let elems = range.start * hd..range.end * hd;
+        match self.values {
+            ElemsRef::F32(v) => std::borrow::Cow::Borrowed(&v[elems]),
+            values => {
+                let scales = self.value_scales;
+                std::borrow::Cow::Owned(
+                    elems
+                        .map(|i| match scales.is_empty() {
+                            true => values.get(i),
+                            false => values.get(i) * scales[i / hd],
+                        })
+                        .collect(),
+                )
+            }
+        }
     }
 }
 

@@ -334,3 +334,63 @@ fn growth_and_truncate_are_exact() {
         }
     }
 }
+
+/// The row-major reads a per-row kernel takes (the DFlash draft's context): every range
+/// of positions, across block edges, gives each position's `key_f32` / `value_f32`
+/// bits; f32 values are the store itself (borrowed), the other types widened copies.
+#[test]
+fn rows_of_a_range_equal_the_position_vectors() {
+    let (kvh, hd, len) = (2, 48, 140);
+    let k = values(len * kvh * hd, 21, 4.0);
+    let v = values(len * kvh * hd, 22, 2.0);
+    for kv_type in KvType::ALL {
+        let mut layer = KvLayer::new(kv_type, kvh, hd);
+        layer.append(&k, &v, len);
+        let mut keys = vec![7.0; 3];
+        for h in 0..kvh {
+            let view = layer.head(h);
+            for range in [
+                0..0,
+                0..1,
+                0..len,
+                5..64,
+                63..65,
+                64..128,
+                100..140,
+                139..140,
+            ] {
+                view.keys_rows_into(range.clone(), &mut keys);
+                let values = view.values_rows(range.clone());
+                assert_eq!(keys.len(), range.len() * hd, "{}", kv_type.name());
+                assert_eq!(values.len(), range.len() * hd, "{}", kv_type.name());
+                assert_eq!(
+                    matches!(values, std::borrow::Cow::Borrowed(_)),
+                    kv_type == KvType::F32,
+                    "{}: only f32 values are borrowed",
+                    kv_type.name()
+                );
+                for (i, t) in range.clone().enumerate() {
+                    let row = i * hd..(i + 1) * hd;
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&keys[row.clone()]),
+                        bits(&view.key_f32(t)),
+                        "{} head {h} key {t} of {range:?}",
+                        kv_type.name()
+                    );
+                    assert_eq!(
+                        bits(&values[row]),
+                        bits(&view.value_f32(t)),
+                        "{} head {h} value {t} of {range:?}",
+                        kv_type.name()
+                    );
+                }
+            }
+        }
+        // Past what the head holds is refused by name.
+        let view = layer.head(0);
+        let err = std::panic::catch_unwind(|| view.values_rows(len - 1..len + 1)).unwrap_err();
+        let message = err.downcast_ref::<String>().unwrap();
+        assert!(message.contains("kv: values of positions"), "{message}");
+    }
+}

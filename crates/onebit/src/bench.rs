@@ -29,8 +29,10 @@ pub struct BenchArgs {
     /// --prefill-tokens, then time decode and the n-row passes at that depth.
     #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
     pub context: Option<usize>,
-    /// Positions the benchmark may use (default: the model's max_position_embeddings;
-    /// more is refused); the prefill, decode steps and the 16-row pass must fit.
+    /// Positions the benchmark may use (default: the model's max_position_embeddings,
+    /// capped so a full-context KV cache takes at most half of the available memory,
+    /// with a printed reason; more than the model's is refused); the prefill, decode
+    /// steps and the 16-row pass must fit.
     #[arg(long)]
     pub ctx_len: Option<usize>,
     /// Speculative round cost with an oracle drafter that knows the target's greedy
@@ -102,7 +104,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let engine = args.target.engine(DrafterConfig::None, 0, true)?;
     // Positions needed: the prompt, the decode steps, then the largest n-row pass.
-    let ctx = crate::run::context_len(args.ctx_len, engine.package())?;
+    let ctx = crate::context::context_len(
+        args.ctx_len,
+        &engine.package().config,
+        engine.info().kv_type,
+    )?;
     let prefill_tokens = args.context.unwrap_or(args.prefill_tokens);
     let needed = prefill_tokens + args.decode_tokens + 16;
     if needed > ctx {

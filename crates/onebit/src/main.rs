@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod backend;
 mod bench;
+mod context;
 mod convert;
 mod convert_draft;
 mod doctor;

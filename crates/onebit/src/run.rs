@@ -130,7 +130,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub max_tokens: Option<usize>,
     /// Positions the run may use, prompt included (default: the model's
-    /// max_position_embeddings; more is refused). The KV cache grows with use.
+    /// max_position_embeddings, capped so a full-context KV cache takes at most half of
+    /// the available memory, with a printed reason; more than the model's is refused).
+    /// The KV cache grows with use.
     #[arg(long)]
     pub ctx_len: Option<usize>,
 
@@ -341,32 +343,25 @@ impl KvTypeArg {
     }
 }
 
-/// The context in positions: `--ctx-len`, at most the model's `max_position_embeddings`
-/// (default: that).
-pub fn context_len(ctx_len: Option<usize>, package: &npu_runtime::TargetPackage) -> Result<usize> {
-    let max = package.config.max_positions;
-    match ctx_len {
-        None => Ok(max),
-        Some(0) => bail!("--ctx-len must be at least 1"),
-        Some(n) if n > max => {
-            bail!("--ctx-len {n} exceeds the model's max_position_embeddings {max}")
-        }
-        Some(n) => Ok(n),
-    }
+/// The context of a run over `engine`: `--ctx-len`, or by default the model's
+/// `max_position_embeddings` capped by available memory ([`crate::context`], which
+/// prints the reason of a cap).
+fn engine_context(args: &RunArgs, engine: &Engine) -> Result<usize> {
+    crate::context::context_len(
+        args.ctx_len,
+        &engine.package().config,
+        engine.info().kv_type,
+    )
 }
 
 /// Default tokens to generate when `--max-tokens` is not given (less if the context ends
 /// sooner).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
-/// Tokens to generate: `--max-tokens`, refused (before any work, with both numbers) if
-/// the prompt plus it exceed the context; by default 256 clamped to what is left.
-pub fn max_tokens(
-    args: &RunArgs,
-    package: &npu_runtime::TargetPackage,
-    prompt: usize,
-) -> Result<usize> {
-    let ctx = context_len(args.ctx_len, package)?;
+/// Tokens to generate in a context of `ctx` positions: `--max-tokens`, refused (before
+/// any work, with both numbers) if the prompt plus it exceed the context; by default 256
+/// clamped to what is left.
+pub fn max_tokens(args: &RunArgs, ctx: usize, prompt: usize) -> Result<usize> {
     match args.max_tokens {
         Some(m) if prompt + m > ctx => bail!(
             "run: the prompt's {prompt} tokens plus --max-tokens {m} make {}, more than the context of {ctx} positions",
@@ -420,9 +415,9 @@ struct SideBySide {
 /// `--oracle RULE`: plain decoding through the engine, then an oracle drafter that
 /// knows that continuation, run by the loop directly on a fresh session's target (an
 /// oracle is a measuring device, not a drafter a request can ask for).
-fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>) -> Result<SideBySide> {
+fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> Result<SideBySide> {
     let prompt = engine.tokenize(&prompt(args, engine)?)?;
-    let max = max_tokens(args, engine.package(), prompt.len())?;
+    let max = max_tokens(args, ctx, prompt.len())?;
     let mut session = engine.session()?;
     let plain = session.generate(
         &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Off, max),
@@ -491,11 +486,12 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
             .target
             .engine(drafter(args), args.draft_max, args.fixed_k)?,
     };
+    let ctx = engine_context(args, &engine)?;
     let runs = match rule {
-        Some(rule) => oracle_runs(args, rule, &engine)?,
+        Some(rule) => oracle_runs(args, rule, &engine, ctx)?,
         None => {
             let prompt = engine.tokenize(&prompt(args, &engine)?)?;
-            let max = max_tokens(args, engine.package(), prompt.len())?;
+            let max = max_tokens(args, ctx, prompt.len())?;
             let mut session = engine.session()?;
             let tokens = Prompt::Tokens(prompt.clone());
             let plain = session.generate(
@@ -606,9 +602,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let engine = args
         .target
         .engine(drafter(args), args.draft_max, args.fixed_k)?;
+    let ctx = engine_context(args, &engine)?;
     let prompt_ids = engine.tokenize(&prompt(args, &engine)?)?;
     // The context refusal comes before any generation.
-    let max = max_tokens(args, engine.package(), prompt_ids.len())?;
+    let max = max_tokens(args, ctx, prompt_ids.len())?;
     let mut session = engine.session()?;
     let speculative = engine.drafting();
     let stdout = std::io::stdout();
@@ -732,8 +729,14 @@ fn interactive(args: &RunArgs) -> Result<()> {
     config.drafter = drafter(args);
     config.draft_max = args.draft_max;
     config.fixed_k = args.fixed_k;
-    // Each turn must fit the context (the engine caps it at the model's positions).
-    config.ctx_len = Some(args.ctx_len.unwrap_or(usize::MAX));
+    // Each turn must fit the context (read from config.json before the load: the
+    // engine keeps the limit it is loaded with).
+    let model = npu_runtime::TargetConfig::read(&config.model)?;
+    config.ctx_len = Some(crate::context::context_len(
+        args.ctx_len,
+        &model,
+        config.kv_type,
+    )?);
     let engine = Engine::load(&config)?;
     if engine.text().is_none() {
         bail!("run: an interactive chat needs the package's tokenizer.json");

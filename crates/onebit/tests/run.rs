@@ -313,6 +313,78 @@ fn bench_context_mode() {
         ));
 }
 
+/// A machine with `kib` KiB available, as `/proc/meminfo` says it (for ONEBIT_MEMINFO).
+fn meminfo(kib: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meminfo");
+    std::fs::write(
+        &path,
+        format!("MemTotal: 4096 kB\nMemFree: 1 kB\nMemAvailable: {kib} kB\n"),
+    )
+    .unwrap();
+    (dir, path)
+}
+
+/// Without `--ctx-len` the context is the model's max_position_embeddings (256) capped
+/// so a full-context KV cache takes at most half the available memory, and the reason is
+/// printed: with 128 KiB available, tiny-qwen3's bf16 cache (2 layers x 2 kv heads x K
+/// and V x 32 x 2 bytes = 512 bytes a position) gets 64 KiB, 128 positions; at f32, 64.
+/// An explicit `--ctx-len` is taken as given; unreadable memory means no cap, silently.
+#[test]
+fn the_default_context_is_capped_by_available_memory() {
+    let (_dir, mem) = meminfo(128);
+    let reason = "onebit: --ctx-len defaults to 128 positions: 256 would need 128.0 KiB of KV cache (bf16), more than half of the 128.0 KiB available; pass --ctx-len to choose\n";
+    let run = |args: &[&str], mem: &std::path::Path| {
+        let mut c = onebit();
+        c.env("ONEBIT_MEMINFO", mem)
+            .args(["run", "--json", "--ignore-eos", "--prompt-tokens", "1,2,3"])
+            .args(args)
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"));
+        c
+    };
+    run(&["--max-tokens", "200"], &mem)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicate::str::starts_with(reason))
+        .stderr(predicate::str::contains(
+            "run: the prompt's 3 tokens plus --max-tokens 200 make 203, more than the context of 128 positions",
+        ));
+    let out = run(&[], &mem).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stderr), reason);
+    assert_eq!(json_of(out)["tokens"].as_array().unwrap().len(), 125);
+    run(&["--kv-type", "f32", "--max-tokens", "100"], &mem)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "onebit: --ctx-len defaults to 64 positions: 256 would need 256.0 KiB of KV cache (f32), more than half of the 128.0 KiB available",
+        ))
+        .stderr(predicate::str::contains("more than the context of 64 positions"));
+    for args in [
+        &["--ctx-len", "200", "--max-tokens", "150"][..],
+        &["--max-tokens", "200"],
+    ] {
+        let mem = match args[0] {
+            "--ctx-len" => mem.clone(),
+            _ => std::path::PathBuf::from("/nonexistent/meminfo"),
+        };
+        let out = run(args, &mem).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{args:?}");
+        assert!(out.status.success(), "{args:?}");
+    }
+    onebit()
+        .env("ONEBIT_MEMINFO", &mem)
+        .args(["bench", "--context", "120", "--decode-tokens", "4", "--model"])
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with(reason))
+        .stderr(predicate::str::contains(
+            "bench: 120 prompt tokens + 4 decode steps + a 16-row pass need 140 positions, more than the context of 128",
+        ));
+}
+
 /// `onebit run` with no prompt on a terminal chats turn by turn, reusing the KV cache
 /// (the second turn reports reused prompt tokens); `/exit` quits. The terminal is a
 /// pseudo-terminal from util-linux `script`.
@@ -347,6 +419,45 @@ fn interactive_run_chats_over_turns_on_a_terminal() {
     assert!(
         !turns[1].contains(", 0 reused"),
         "the second turn reuses the first: {text}"
+    );
+}
+
+/// The interactive chat takes its context by the same rule: capped by available memory
+/// with the reason printed before the chat starts, and a turn beyond it refused with
+/// the capped number (the chat goes on).
+#[test]
+fn interactive_run_states_a_capped_context() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        test_support::skip!(
+            "interactive_run_states_a_capped_context",
+            "util-linux `script` (a pseudo-terminal) is not installed"
+        );
+        return;
+    }
+    let (_dir, pkg) = common::tiny_llama_package();
+    let (_mem_dir, mem) = meminfo(64);
+    let command = format!(
+        "{} run --model {} --max-tokens 100 --threads 1",
+        env!("CARGO_BIN_EXE_onebit"),
+        pkg.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("ONEBIT_MEMINFO", &mem)
+        .write_stdin_lines(&["Hello there", "/exit"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("onebit: --ctx-len defaults to 64 positions: 256 would need 128.0 KiB of KV cache (bf16), more than half of the 64.0 KiB available; pass --ctx-len to choose"),
+        "{text}"
+    );
+    assert!(
+        text.contains("exceeds the context size (64 tokens)"),
+        "{text}"
     );
 }
 

@@ -23,11 +23,17 @@ impl Server {
     /// Starts `onebit serve MODEL --port 0 ARGS` and waits for its listening line
     /// (and, unless `wait_ready` is false, for `/health` to say 200).
     fn start(model: &Path, args: &[&str], wait_ready: bool) -> Server {
+        Server::start_env(model, args, &[], wait_ready)
+    }
+
+    /// [`Server::start`] with `env` set for the server process.
+    fn start_env(model: &Path, args: &[&str], env: &[(&str, &Path)], wait_ready: bool) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_onebit"))
             .arg("serve")
             .arg(model)
             .args(["--port", "0", "--threads", "1"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -812,4 +818,43 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
         "{t}"
     );
     lookup.wait_log("drafts ", 1);
+}
+
+/// Without --ctx-len the context is the model's max_position_embeddings (256) capped so
+/// a full-context KV cache takes at most half the available memory: on a machine
+/// (ONEBIT_MEMINFO) with 128 KiB available, tiny-llama's bf16 cache (512 bytes a
+/// position) gets 64 KiB, 128 positions, and the log says why; a request beyond that is
+/// refused with the capped number. An explicit --ctx-len is not capped.
+#[test]
+fn the_default_context_is_capped_by_available_memory() {
+    let (dir, pkg) = tiny();
+    let meminfo = dir.path().join("meminfo");
+    std::fs::write(&meminfo, "MemTotal: 1024 kB\nMemAvailable: 128 kB\n").unwrap();
+    let env = [("ONEBIT_MEMINFO", meminfo.as_path())];
+    let s = Server::start_env(&pkg, &[], &env, true);
+    s.wait_log("ready in", 1);
+    let log = s.log();
+    assert!(
+        log.iter().any(|l| l == "onebit: --ctx-len defaults to 128 positions: 256 would need 128.0 KiB of KV cache (bf16), more than half of the 128.0 KiB available; pass --ctx-len to choose"),
+        "{log:?}"
+    );
+    assert!(log.iter().any(|l| l.contains("(ctx 128,")), "{log:?}");
+    let (status, e) = s.post("/v1/chat/completions", &chat("hi", 200));
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the context holds 128 tokens"),
+        "{e}"
+    );
+    drop(s);
+    let s = Server::start_env(&pkg, &["--ctx-len", "200"], &env, true);
+    s.wait_log("ready in", 1);
+    let log = s.log();
+    assert!(
+        log.iter().all(|l| !l.contains("--ctx-len defaults")),
+        "{log:?}"
+    );
+    assert!(log.iter().any(|l| l.contains("(ctx 200,")), "{log:?}");
 }

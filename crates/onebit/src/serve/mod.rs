@@ -60,8 +60,9 @@ pub struct ServeArgs {
     /// The port (0: any free port; the log line names it). Default: $FLM_SERVE_PORT, else 52625.
     #[arg(long)]
     pub port: Option<u16>,
-    /// Context size in tokens: a request's prompt plus max tokens must fit (default and
-    /// cap: the model's max_position_embeddings).
+    /// Context size in tokens: a request's prompt plus max tokens must fit (cap: the
+    /// model's max_position_embeddings; default: that, capped so a full-context KV
+    /// cache takes at most half of the available memory, with a printed reason).
     #[arg(long, short = 'c')]
     pub ctx_len: Option<usize>,
     /// Requests that may wait for a free session; more are refused with 503.
@@ -197,8 +198,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         None => DrafterConfig::None,
     };
     config.draft_max = args.draft_max;
-    // The model's own limit unless --ctx-len asks for less.
-    config.ctx_len = Some(args.ctx_len.unwrap_or(usize::MAX));
+    // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`
+    // takes any value); without it, chosen in the loader, where config.json is read.
+    config.ctx_len = args.ctx_len;
+    let default_ctx = args.ctx_len.is_none();
     let app = Arc::new(App {
         name,
         names,
@@ -236,8 +239,20 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         ));
         let loader = {
             let app = app.clone();
+            let mut config = config;
             tokio::task::spawn_blocking(move || -> Result<()> {
                 std::thread::sleep(load_delay);
+                if default_ctx {
+                    // The model's max_position_embeddings capped by available memory
+                    // (the reason printed, also under --quiet: it decides which
+                    // requests are refused).
+                    let model = npu_runtime::TargetConfig::read(&config.model)?;
+                    config.ctx_len = Some(crate::context::context_len(
+                        None,
+                        &model,
+                        config.kv_type,
+                    )?);
+                }
                 let engine = Engine::load(&config)?;
                 let sessions = (0..parallel)
                     .map(|_| engine.session())
