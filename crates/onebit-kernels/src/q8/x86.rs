@@ -68,50 +68,26 @@ impl<const R: usize> Inputs<R> {
     }
 }
 
-/// Sweeps a weight block over the level rows `R` at a time (`L` level rows make one
-/// input row, so with two levels only `R` = 2 and 4 occur).
+/// Sweeps a weight block over the level rows, `$max` at a time (the remainder by the
+/// smaller widths listed; `L` level rows make one input row, so with two levels only
+/// even widths occur). The 256-bit variants sweep `MAX_R`; AVX-512, whose 32 registers
+/// hold eight level rows' accumulators, sweeps `WIDE_R`.
 macro_rules! sweep_inputs {
-    ($kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+    ([$($r:literal)*] $max:ident, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
         match $x.levels() {
-            Levels::One => sweep_inputs!(@levels 1, $kernel, $w, $b, $x, $out),
-            Levels::Two => sweep_inputs!(@levels 2, $kernel, $w, $b, $x, $out),
+            Levels::One => sweep_inputs!(@levels 1, [$($r)*] $max, $kernel, $w, $b, $x, $out),
+            Levels::Two => sweep_inputs!(@levels 2, [$($r)*] $max, $kernel, $w, $b, $x, $out),
         }
     }};
-    (@levels $l:literal, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
+    (@levels $l:literal, [$($r:literal)*] $max:ident, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
         let n = $x.level_rows();
         let mut i0 = 0;
         while i0 < n {
             match n - i0 {
-                1 => $kernel::<1, $l>($w, $b, $x, i0, $out),
-                2 => $kernel::<2, $l>($w, $b, $x, i0, $out),
-                3 => $kernel::<3, $l>($w, $b, $x, i0, $out),
-                _ => $kernel::<MAX_R, $l>($w, $b, $x, i0, $out),
+                $($r => $kernel::<$r, $l>($w, $b, $x, i0, $out),)*
+                _ => $kernel::<$max, $l>($w, $b, $x, i0, $out),
             }
-            i0 += MAX_R;
-        }
-    }};
-    // AVX-512: 32 registers hold eight level rows' accumulators.
-    (@wide $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
-        match $x.levels() {
-            Levels::One => sweep_inputs!(@wide_levels 1, $kernel, $w, $b, $x, $out),
-            Levels::Two => sweep_inputs!(@wide_levels 2, $kernel, $w, $b, $x, $out),
-        }
-    }};
-    (@wide_levels $l:literal, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
-        let n = $x.level_rows();
-        let mut i0 = 0;
-        while i0 < n {
-            match n - i0 {
-                1 => $kernel::<1, $l>($w, $b, $x, i0, $out),
-                2 => $kernel::<2, $l>($w, $b, $x, i0, $out),
-                3 => $kernel::<3, $l>($w, $b, $x, i0, $out),
-                4 => $kernel::<4, $l>($w, $b, $x, i0, $out),
-                5 => $kernel::<5, $l>($w, $b, $x, i0, $out),
-                6 => $kernel::<6, $l>($w, $b, $x, i0, $out),
-                7 => $kernel::<7, $l>($w, $b, $x, i0, $out),
-                _ => $kernel::<WIDE_R, $l>($w, $b, $x, i0, $out),
-            }
-            i0 += WIDE_R;
+            i0 += $max;
         }
     }};
 }
@@ -146,7 +122,7 @@ pub(super) unsafe fn block_q4_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    unsafe { sweep_inputs!(@wide q4_512, w, b, x, out) }
+    unsafe { sweep_inputs!([1 2 3 4 5 6 7] WIDE_R, q4_512, w, b, x, out) }
 }
 
 /// `acc + Σ_4 w(u8) · x(s8)` per lane, `x` the four codes at `row + OFFSET`
@@ -272,7 +248,7 @@ pub(super) unsafe fn block_i8_avx512vnni(
     x: &QuantizedRows,
     out: &mut [f32],
 ) {
-    unsafe { sweep_inputs!(@wide i8_512, w, b, x, out) }
+    unsafe { sweep_inputs!([1 2 3 4 5 6 7] WIDE_R, i8_512, w, b, x, out) }
 }
 
 #[inline]
@@ -376,7 +352,7 @@ macro_rules! q4_256 {
     ($name:ident, $block:ident, $features:literal, $zero:expr, $dot:ident, $finish:ident) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $block(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-            unsafe { sweep_inputs!($name, w, b, x, out) }
+            unsafe { sweep_inputs!([1 2 3] MAX_R, $name, w, b, x, out) }
         }
 
         #[inline]
@@ -505,7 +481,7 @@ macro_rules! i8_256 {
     ($name:ident, $block:ident, $features:literal, $dot:ident, $surplus:expr) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $block(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-            unsafe { sweep_inputs!($name, w, b, x, out) }
+            unsafe { sweep_inputs!([1 2 3] MAX_R, $name, w, b, x, out) }
         }
 
         #[inline]
