@@ -371,30 +371,35 @@ fn concurrent_sessions_over_one_model_equal_a_lone_session() {
             ..Default::default()
         };
         let model = npu_runtime::CpuModel::load(package.clone(), options).unwrap();
-        let prompts: Vec<Vec<u32>> = (0..4u32)
+        // Eight sessions of 30 steps, three times over: enough overlapping regions that
+        // posters without the team's turn-taking collide (the mutant is caught by chance
+        // of timing, so the test gives it many chances).
+        let prompts: Vec<Vec<u32>> = (0..8u32)
             .map(|s| (0..20).map(|i| (i * 31 + s * 97) % 512).collect())
             .collect();
-        // Prefill, then 6 single-token steps, each session on its own prompt.
+        // Prefill, then 30 single-token steps, each session on its own prompt.
         let run = |prompt: &[u32]| {
             let mut session = model.session();
             let mut out = session.forward(prompt).unwrap();
             let vocab = model.config().vocab_size;
-            for _ in 0..6 {
+            for _ in 0..30 {
                 let next = argmax(&out[out.len() - vocab..]) as u32;
                 out = session.forward(&[next]).unwrap();
             }
             out
         };
         let alone: Vec<Vec<f32>> = prompts.iter().map(|p| run(p)).collect();
-        let together: Vec<Vec<f32>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| run(p))).collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert!(
-            alone == together,
-            "{}: concurrent sessions differ from lone ones",
-            precision.name()
-        );
+        for _ in 0..3 {
+            let together: Vec<Vec<f32>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| run(p))).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(
+                alone == together,
+                "{}: concurrent sessions differ from lone ones",
+                precision.name()
+            );
+        }
     }
 }
 
