@@ -22,8 +22,21 @@ use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 const MAX_R: usize = 4;
 /// Level rows per sweep of the AVX-512 q4 kernel (a multiple of every level count).
 const WIDE_R: usize = 8;
-/// How many q4 groups ahead the first sweep of a block prefetches.
+/// How many groups ahead the first sweep of a block prefetches.
 const PREFETCH_GROUPS: usize = 2;
+
+/// Asks for the weights `PREFETCH_GROUPS` groups (of `group_bytes`) past `p`: the first
+/// sweep of a block streams them in. Blocks are contiguous, so at a block's end this
+/// reaches into the next; a prefetch past the matrix is harmless (it never faults).
+#[inline(always)]
+fn prefetch_groups_ahead(p: *const u8, group_bytes: usize) {
+    let ahead = p.wrapping_add(PREFETCH_GROUPS * group_bytes);
+    for line in 0..group_bytes / 64 {
+        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and
+        // never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8) };
+    }
+}
 
 /// Raw views of input rows `i0 ..` (no bounds checks in the inner loops; every index
 /// used below is inside the row by construction: `g < K / 32`, offsets `< 32`).
@@ -180,13 +193,7 @@ unsafe fn q4_512<const R: usize, const L: usize>(
         for g in 0..groups {
             let p = base.add(g * Q4_GROUP_BYTES);
             if i0 == 0 {
-                // The first sweep streams the weights in: ask for the group two ahead
-                // (into the next block at the end; blocks are contiguous, and a
-                // prefetch past the matrix is harmless: it never faults).
-                let ahead = p.wrapping_add(PREFETCH_GROUPS * Q4_GROUP_BYTES);
-                for line in 0..Q4_GROUP_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                }
+                prefetch_groups_ahead(p, Q4_GROUP_BYTES);
             }
             // Each half (16 rows) decodes its nibbles once for all R level rows; the
             // inputs are read by the dot products' broadcast operands.
@@ -270,11 +277,7 @@ unsafe fn i8_512<const R: usize, const L: usize>(
         for g in 0..groups {
             let p = base.add(g * I8_GROUP_BYTES);
             if i0 == 0 {
-                // As in the q4 kernel: the first sweep asks for the group two ahead.
-                let ahead = p.wrapping_add(PREFETCH_GROUPS * I8_GROUP_BYTES);
-                for line in 0..I8_GROUP_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                }
+                prefetch_groups_ahead(p, I8_GROUP_BYTES);
             }
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
@@ -379,13 +382,7 @@ macro_rules! q4_256 {
                     for g in 0..groups {
                         let p = base.add(g * Q4_GROUP_BYTES);
                         if i0 == 0 && v == 0 {
-                            // The first slice of the first sweep streams the block in.
-                            let ahead = p.wrapping_add(PREFETCH_GROUPS * Q4_GROUP_BYTES);
-                            for line in 0..Q4_GROUP_BYTES / 64 {
-                                _mm_prefetch::<_MM_HINT_T0>(
-                                    ahead.wrapping_add(64 * line) as *const i8
-                                );
-                            }
+                            prefetch_groups_ahead(p, Q4_GROUP_BYTES);
                         }
                         let mut acc = [$zero; R];
                         for q in 0..4 {
@@ -502,10 +499,7 @@ macro_rules! i8_256 {
                 for g in 0..groups {
                     let p = base.add(g * I8_GROUP_BYTES);
                     if i0 == 0 {
-                        let ahead = p.wrapping_add(PREFETCH_GROUPS * I8_GROUP_BYTES);
-                        for line in 0..I8_GROUP_BYTES / 64 {
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                        }
+                        prefetch_groups_ahead(p, I8_GROUP_BYTES);
                     }
                     for v in 0..2 {
                         let mut acc = [_mm256_setzero_si256(); R];
