@@ -328,6 +328,98 @@ pub fn for_each_chunk<T: Send>(
     });
 }
 
+/// One task's share of a row-major matrix: columns `start .. end` of every row. Tasks of
+/// [`for_each_column_block`] get disjoint column ranges, so each can write its outputs
+/// for every input row straight into the result (no scratch, no transpose).
+pub struct ColumnBlock<'a, T> {
+    base: *mut T,
+    rows: usize,
+    stride: usize,
+    start: usize,
+    end: usize,
+    _data: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<T> ColumnBlock<'_, T> {
+    /// Rows of the matrix (every one is in the share).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns in the share (the last share of a matrix may be narrower).
+    pub fn width(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Columns `from .. to` of this share (clipped to its width) as a share of their own,
+    /// borrowed from this one.
+    pub fn columns(&mut self, from: usize, to: usize) -> ColumnBlock<'_, T> {
+        let start = (self.start + from).min(self.end);
+        ColumnBlock {
+            base: self.base,
+            rows: self.rows,
+            stride: self.stride,
+            start,
+            end: (self.start + to).clamp(start, self.end),
+            _data: std::marker::PhantomData,
+        }
+    }
+
+    /// The share's columns of row `i`.
+    ///
+    /// # Panics
+    /// If `i` is not a row of the matrix.
+    pub fn row_mut(&mut self, i: usize) -> &mut [T] {
+        assert!(i < self.rows, "team: row {i} of a {}-row matrix", self.rows);
+        // SAFETY: `i · stride + end <= rows · stride = data.len()`; the range lies in
+        // this share, which no other task touches, and `&mut self` keeps this slice
+        // unique within the task.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.add(i * self.stride + self.start),
+                self.end - self.start,
+            )
+        }
+    }
+}
+
+/// Splits the columns of the row-major matrix `data` (rows of `stride` values) into
+/// shares of `width` columns and runs `task(index, share)` on each in parallel
+/// ([`parallel_for`]).
+///
+/// # Panics
+/// If `stride` is 0 or `data.len()` is not a multiple of `stride`.
+pub fn for_each_column_block<T: Send>(
+    data: &mut [T],
+    stride: usize,
+    width: usize,
+    task: impl Fn(usize, ColumnBlock<'_, T>) + Sync,
+) {
+    assert!(
+        stride > 0 && data.len() % stride == 0,
+        "team: {} values are not rows of {stride}",
+        data.len()
+    );
+    let width = width.max(1);
+    let rows = data.len() / stride;
+    let count = stride.div_ceil(width);
+    let base = SendPtr(data.as_mut_ptr());
+    parallel_for(count, &|b| {
+        let start = b * width;
+        task(
+            b,
+            ColumnBlock {
+                base: base.get(),
+                rows,
+                stride,
+                start,
+                end: (start + width).min(stride),
+                _data: std::marker::PhantomData,
+            },
+        );
+    });
+}
+
 struct SendPtr<T>(*mut T);
 impl<T> SendPtr<T> {
     fn get(&self) -> *mut T {
@@ -369,6 +461,36 @@ mod tests {
         let mut off = vec![0u32; 10];
         for_each_chunk(&mut off, 3, |i, c| c.fill(i as u32 + 1));
         assert_eq!(off, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
+    }
+
+    #[test]
+    fn column_blocks_cover_every_element_once_on_the_team_and_off_it() {
+        let team = Team::new(2, "test").unwrap();
+        for (rows, stride, width) in [(1, 7, 3), (5, 64, 32), (3, 50, 16), (4, 9, 20), (2, 5, 1)] {
+            let mut data = vec![0u32; rows * stride];
+            let fill = |b: usize, mut share: ColumnBlock<'_, u32>| {
+                assert_eq!(share.rows(), rows);
+                // In two narrower shares, the second possibly empty.
+                let half = share.width().div_ceil(2);
+                for (from, to) in [(0, half), (half, width)] {
+                    let mut part = share.columns(from, to);
+                    for i in 0..rows {
+                        for (c, v) in part.row_mut(i).iter_mut().enumerate() {
+                            *v += (i * stride + b * width + from + c) as u32 + 1;
+                        }
+                    }
+                }
+            };
+            team.install(|| for_each_column_block(&mut data, stride, width, fill));
+            let expect: Vec<u32> = (1..=rows * stride).map(|v| v as u32).collect();
+            assert_eq!(data, expect, "{rows}×{stride} in shares of {width}");
+            data.fill(0);
+            for_each_column_block(&mut data, stride, width, fill);
+            assert_eq!(
+                data, expect,
+                "{rows}×{stride} in shares of {width}, off the team"
+            );
+        }
     }
 
     #[test]

@@ -641,28 +641,19 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         return;
     }
     let kernel = variant(isa);
-    // One input row: the block-major scratch layout is the output layout.
-    let mut scratch = if n == 1 {
-        Vec::new()
-    } else {
-        vec![0f32; stride * n]
-    };
-    let target: &mut [f32] = if n == 1 { y } else { &mut scratch };
-    crate::team::for_each_chunk(target, BLOCK_ROWS * n, |b, out| match kernel {
-        Variant::Scalar => reference::block_q4(w, b, x, out),
+    // Each task writes its 32-row block's outputs for every input row straight into `y`.
+    crate::team::for_each_column_block(y, stride, BLOCK_ROWS, |b, mut out| match kernel {
+        Variant::Scalar => reference::block_q4(w, b, x, &mut out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the variant comes from an `Isa` token, set only by detection.
-        Variant::Avx2 => unsafe { x86::block_q4_avx2(w, b, x, out) },
+        Variant::Avx2 => unsafe { x86::block_q4_avx2(w, b, x, &mut out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above (avx2, fma, avxvnni detected).
-        Variant::AvxVnni => unsafe { x86::block_q4_avxvnni(w, b, x, out) },
+        Variant::AvxVnni => unsafe { x86::block_q4_avxvnni(w, b, x, &mut out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above (avx512f, bw, vl, vnni detected).
-        Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, out) },
+        Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, &mut out) },
     });
-    if n > 1 {
-        crate::transpose_into(&scratch, n, stride, y);
-    }
 }
 
 /// `y[i · rows + r] = Σ_c W[r][c] · x[i][c]` for the int8 matrix, by the family's
@@ -681,26 +672,26 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
     let kernel = variant(isa);
     /// Blocks per task: enough work to amortise the task, many tasks to balance.
     const TASK_BLOCKS: usize = 8;
-    let blocks = rows.div_ceil(I8_BLOCK_ROWS);
-    let mut scratch = vec![0f32; blocks * I8_BLOCK_ROWS * n];
-    crate::team::for_each_chunk(&mut scratch, TASK_BLOCKS * I8_BLOCK_ROWS * n, |t, out| {
-        for (j, out) in out.chunks_exact_mut(I8_BLOCK_ROWS * n).enumerate() {
+    let width = TASK_BLOCKS * I8_BLOCK_ROWS;
+    // Each task writes its blocks' outputs for every input row straight into `y`.
+    crate::team::for_each_column_block(y, rows, width, |t, mut out| {
+        for j in 0..out.width().div_ceil(I8_BLOCK_ROWS) {
             let b = t * TASK_BLOCKS + j;
+            let mut out = out.columns(j * I8_BLOCK_ROWS, (j + 1) * I8_BLOCK_ROWS);
             match kernel {
-                Variant::Scalar => reference::block_i8(w, b, x, out),
+                Variant::Scalar => reference::block_i8(w, b, x, &mut out),
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the variant comes from an `Isa` token, set only by detection.
-                Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, out) },
+                Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, &mut out) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, out) },
+                Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, &mut out) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
+                Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
             }
         }
     });
-    crate::transpose_into(&scratch, n, rows, y);
 }
 
 #[inline]

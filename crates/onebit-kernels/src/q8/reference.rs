@@ -4,6 +4,9 @@
 
 use super::{bf16_at, I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
 
+/// A task's share of the output: its block's columns of every input row.
+type Out<'a> = crate::team::ColumnBlock<'a, f32>;
+
 /// The 4-bit code of stacked row `r` of block `b`, column `c` of group `g`.
 fn q4_code(w: &PackedQ4, b: usize, r: usize, g: usize, c: usize) -> i32 {
     let bytes = w.group_bytes(b, g);
@@ -62,26 +65,23 @@ pub fn dot_i8(w: &I8Matrix, r: usize, x: &QuantizedRows, i: usize) -> f32 {
     y
 }
 
-/// One 32-row block for every input row, `out[r · n + i]`.
-pub(super) fn block_q4(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-    let n = x.rows();
-    for r in 0..BLOCK_ROWS {
-        for i in 0..n {
-            out[r * n + i] = dot_q4(w, b * BLOCK_ROWS + r, x, i);
+/// One 32-row block for every input row: row `i`'s outputs in the share's row `i`.
+pub(super) fn block_q4(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut Out<'_>) {
+    for i in 0..x.rows() {
+        let row = out.row_mut(i);
+        for (r, y) in row.iter_mut().enumerate().take(BLOCK_ROWS) {
+            *y = dot_q4(w, b * BLOCK_ROWS + r, x, i);
         }
     }
 }
 
-/// One 16-row block for every input row, `out[r · n + i]` (rows past the end stay 0).
-pub(super) fn block_i8(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
-    let n = x.rows();
-    for j in 0..I8_BLOCK_ROWS {
-        let r = b * I8_BLOCK_ROWS + j;
-        if r >= w.rows() {
-            break;
-        }
-        for i in 0..n {
-            out[j * n + i] = dot_i8(w, r, x, i);
+/// One 16-row block for every input row (rows past the matrix's end, where the block's
+/// share ends, are not written).
+pub(super) fn block_i8(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut Out<'_>) {
+    for i in 0..x.rows() {
+        let row = out.row_mut(i);
+        for (j, y) in row.iter_mut().enumerate().take(I8_BLOCK_ROWS) {
+            *y = dot_i8(w, b * I8_BLOCK_ROWS + j, x, i);
         }
     }
 }

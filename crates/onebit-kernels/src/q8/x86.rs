@@ -18,6 +18,9 @@ use std::arch::x86_64::*;
 use super::{I8Matrix, Levels, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
 use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 
+/// A task's share of the output: its block's columns of every input row.
+type Out<'a> = crate::team::ColumnBlock<'a, f32>;
+
 /// Level rows per sweep of a weight block (a multiple of every level count).
 const MAX_R: usize = 4;
 /// Level rows per sweep of the AVX-512 q4 kernel (a multiple of every level count).
@@ -133,7 +136,7 @@ pub(super) unsafe fn block_q4_avx512vnni(
     w: &PackedQ4,
     b: usize,
     x: &QuantizedRows,
-    out: &mut [f32],
+    out: &mut Out<'_>,
 ) {
     unsafe { sweep_inputs!([1 2 3 4 5 6 7] WIDE_R, q4_512, w, b, x, out) }
 }
@@ -180,10 +183,9 @@ unsafe fn q4_512<const R: usize, const L: usize>(
     b: usize,
     x: &QuantizedRows,
     i0: usize,
-    out: &mut [f32],
+    out: &mut Out<'_>,
 ) {
     unsafe {
-        let n = x.rows();
         let o0 = i0 / L;
         let groups = w.cols() / GROUP;
         let xs = Inputs::<R>::new(x, i0);
@@ -221,16 +223,13 @@ unsafe fn q4_512<const R: usize, const L: usize>(
                 }
             }
         }
-        let mut lanes = [0f32; 16];
+        debug_assert_eq!(BLOCK_ROWS, 32);
         for (o, yo) in y.iter().enumerate().take(R / L) {
+            let row = out.row_mut(o0 + o);
             for (h, v) in yo.iter().enumerate() {
-                _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
-                for (l, &value) in lanes.iter().enumerate() {
-                    out[(16 * h + l) * n + o0 + o] = value;
-                }
+                _mm512_storeu_ps(row[16 * h..16 * h + 16].as_mut_ptr(), *v);
             }
         }
-        debug_assert_eq!(BLOCK_ROWS, 32);
     }
 }
 
@@ -253,7 +252,7 @@ pub(super) unsafe fn block_i8_avx512vnni(
     w: &I8Matrix,
     b: usize,
     x: &QuantizedRows,
-    out: &mut [f32],
+    out: &mut Out<'_>,
 ) {
     unsafe { sweep_inputs!([1 2 3 4 5 6 7] WIDE_R, i8_512, w, b, x, out) }
 }
@@ -265,10 +264,9 @@ unsafe fn i8_512<const R: usize, const L: usize>(
     b: usize,
     x: &QuantizedRows,
     i0: usize,
-    out: &mut [f32],
+    out: &mut Out<'_>,
 ) {
     unsafe {
-        let n = x.rows();
         let groups = w.cols() / GROUP;
         let xs = Inputs::<R>::new(x, i0);
         let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
@@ -298,7 +296,7 @@ unsafe fn i8_512<const R: usize, const L: usize>(
                 y[o] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(folded), y[o]);
             }
         }
-        store_i8(w, b, &y_lanes512(&y), n, i0 / L, R / L, out);
+        store_i8(&y_lanes512(&y), i0 / L, R / L, out);
     }
 }
 
@@ -315,25 +313,12 @@ unsafe fn y_lanes512<const R: usize>(y: &[__m512; R]) -> [[f32; 16]; R] {
 }
 
 /// Writes 16 rows × `outputs` input rows (from `o0`) of an int8 block, skipping rows
-/// past the matrix's end.
+/// past the matrix's end (where the block's share ends).
 #[inline(always)]
-fn store_i8<const R: usize>(
-    w: &I8Matrix,
-    b: usize,
-    lanes: &[[f32; 16]; R],
-    n: usize,
-    o0: usize,
-    outputs: usize,
-    out: &mut [f32],
-) {
-    let valid = w
-        .rows()
-        .saturating_sub(b * I8_BLOCK_ROWS)
-        .min(I8_BLOCK_ROWS);
-    for (o, row) in lanes.iter().enumerate().take(outputs) {
-        for (j, &value) in row.iter().enumerate().take(valid) {
-            out[j * n + o0 + o] = value;
-        }
+fn store_i8<const R: usize>(lanes: &[[f32; 16]; R], o0: usize, outputs: usize, out: &mut Out<'_>) {
+    let valid = out.width().min(I8_BLOCK_ROWS);
+    for (o, values) in lanes.iter().enumerate().take(outputs) {
+        out.row_mut(o0 + o).copy_from_slice(&values[..valid]);
     }
 }
 
@@ -354,7 +339,7 @@ unsafe fn bf16x8(p: *const u8) -> __m256 {
 macro_rules! q4_256 {
     ($name:ident, $block:ident, $features:literal, $zero:expr, $dot:ident, $finish:ident) => {
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $block(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+        pub(super) unsafe fn $block(w: &PackedQ4, b: usize, x: &QuantizedRows, out: &mut Out<'_>) {
             unsafe { sweep_inputs!([1 2 3] MAX_R, $name, w, b, x, out) }
         }
 
@@ -365,10 +350,9 @@ macro_rules! q4_256 {
             b: usize,
             x: &QuantizedRows,
             i0: usize,
-            out: &mut [f32],
+            out: &mut Out<'_>,
         ) {
             unsafe {
-                let n = x.rows();
                 let o0 = i0 / L;
                 let groups = w.cols() / GROUP;
                 let xs = Inputs::<R>::new(x, i0);
@@ -415,13 +399,10 @@ macro_rules! q4_256 {
                         }
                     }
                 }
-                let mut lanes = [0f32; 8];
                 for (o, yo) in y.iter().enumerate().take(R / L) {
+                    let row = out.row_mut(o0 + o);
                     for (v, vec) in yo.iter().enumerate() {
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), *vec);
-                        for (l, &value) in lanes.iter().enumerate() {
-                            out[(8 * v + l) * n + o0 + o] = value;
-                        }
+                        _mm256_storeu_ps(row[8 * v..8 * v + 8].as_mut_ptr(), *vec);
                     }
                 }
             }
@@ -477,7 +458,7 @@ q4_256!(
 macro_rules! i8_256 {
     ($name:ident, $block:ident, $features:literal, $dot:ident, $surplus:expr) => {
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $block(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut [f32]) {
+        pub(super) unsafe fn $block(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut Out<'_>) {
             unsafe { sweep_inputs!([1 2 3] MAX_R, $name, w, b, x, out) }
         }
 
@@ -488,10 +469,9 @@ macro_rules! i8_256 {
             b: usize,
             x: &QuantizedRows,
             i0: usize,
-            out: &mut [f32],
+            out: &mut Out<'_>,
         ) {
             unsafe {
-                let n = x.rows();
                 let groups = w.cols() / GROUP;
                 let xs = Inputs::<R>::new(x, i0);
                 let base = w.data().as_ptr().add(b * groups * I8_GROUP_BYTES);
@@ -531,7 +511,7 @@ macro_rules! i8_256 {
                     _mm256_storeu_ps(dst.as_mut_ptr(), yr[0]);
                     _mm256_storeu_ps(dst.as_mut_ptr().add(8), yr[1]);
                 }
-                store_i8(w, b, &lanes, n, i0 / L, R / L, out);
+                store_i8(&lanes, i0 / L, R / L, out);
             }
         }
     };
