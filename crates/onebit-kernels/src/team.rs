@@ -396,7 +396,7 @@ pub fn for_each_column_block<T: Send>(
     task: impl Fn(usize, ColumnBlock<'_, T>) + Sync,
 ) {
     assert!(
-        stride > 0 && data.len() % stride == 0,
+        stride > 0 && data.len().is_multiple_of(stride),
         "team: {} values are not rows of {stride}",
         data.len()
     );
