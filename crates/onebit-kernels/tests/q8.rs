@@ -111,18 +111,26 @@ proptest! {
         check_q4(n_out, groups * 32, rows, seed, kind, levels);
     }
 
-    /// Quantization is one body compiled per ISA: every compilation gives the
-    /// baseline's bits (codes, scales, sums, code sums), at both levels, NaN included.
+    /// Quantization gives the baseline's bits on every ISA (codes, scales, sums, code
+    /// sums), at both levels, with special values (NaN, ±∞, ±0, huge, subnormal) and
+    /// all-zero groups among the inputs.
     #[test]
     fn quantization_is_the_same_on_every_isa(
         groups in 1usize..20, rows in 1usize..9, seed in 0u64..1000, two in any::<bool>(),
-        nan_at in proptest::option::of(0usize..640),
+        special in proptest::collection::vec((0usize..640, 0usize..7), 0..4),
+        zero_group in proptest::option::of(0usize..40),
     ) {
         let levels = if two { Levels::Two } else { Levels::One };
         let k = groups * 32;
         let mut x = values(rows * k, seed, 3.0);
-        if let Some(at) = nan_at.filter(|&at| at < x.len()) {
-            x[at] = f32::NAN;
+        const SPECIAL: [f32; 7] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 3e38, 1e-40];
+        for (at, which) in special {
+            if at < x.len() {
+                x[at] = SPECIAL[which];
+            }
+        }
+        if let Some(g) = zero_group.filter(|&g| (g + 1) * 32 <= x.len()) {
+            x[g * 32..(g + 1) * 32].fill(-0.0);
         }
         let mut base = QuantizedRows::default();
         base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
@@ -147,6 +155,47 @@ proptest! {
     ) {
         let levels = if two { Levels::Two } else { Levels::One };
         check_i8(n_out, groups * 32, rows, seed, levels);
+    }
+}
+
+/// Every special value in every lane position, at both levels: each ISA's quantizer
+/// gives the baseline's codes and stats (NaN codes as 0, ±∞ saturates the group).
+#[test]
+fn special_values_quantize_the_same_on_every_isa() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        3e38,
+        1e-40,
+        0.5,
+    ];
+    let k = 64;
+    let mut x = values(specials.len() * 32 * k, 9, 3.0);
+    for (j, &v) in specials.iter().enumerate() {
+        for lane in 0..32 {
+            x[(j * 32 + lane) * k + lane] = v;
+            x[(j * 32 + lane) * k + 32 + (lane * 7) % 32] = v;
+        }
+    }
+    let rows = x.len() / k;
+    for levels in [Levels::One, Levels::Two] {
+        let mut base = QuantizedRows::default();
+        base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
+        for isa in isas() {
+            let mut q = QuantizedRows::default();
+            q.quantize_levels_on(isa, &x, rows, k, levels);
+            for r in 0..q.level_rows() {
+                assert_eq!(q.codes(r), base.codes(r), "{} level row {r}", isa.name());
+                for g in 0..k / 32 {
+                    let (got, want) = (q.sum(r, g).to_bits(), base.sum(r, g).to_bits());
+                    assert_eq!(got, want, "{} sum of level row {r} group {g}", isa.name());
+                    assert_eq!(q.scale(r, g).to_bits(), base.scale(r, g).to_bits());
+                    assert_eq!(q.code_sum(r, g), base.code_sum(r, g));
+                }
+            }
+        }
     }
 }
 

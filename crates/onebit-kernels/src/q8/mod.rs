@@ -144,6 +144,42 @@ fn code_sum(codes: &[i8; GROUP]) -> i32 {
     codes.iter().map(|&c| c as i32).sum()
 }
 
+/// What quantizing one group yields besides its codes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GroupStats {
+    /// `max|v|` over the group (NaN ignored).
+    pub amax: f32,
+    /// The float sum of the inputs ([`group_sum`]).
+    pub sum: f32,
+    /// The exact sum of the first level's codes.
+    pub code_sum: i32,
+    /// The exact sum of the residual codes (0 without a residual).
+    pub residual_code_sum: i32,
+}
+
+/// The reference quantization of one group: codes, residual codes and their stats.
+#[inline(always)]
+fn quantize_group_stats(
+    values: &[f32; GROUP],
+    codes: &mut [i8; GROUP],
+    residual: Option<&mut [i8; GROUP]>,
+) -> GroupStats {
+    let sum = group_sum(values);
+    let (amax, residual_code_sum) = match residual {
+        Some(residual) => {
+            let amax = quantize_codes(values, codes, Some(&mut *residual));
+            (amax, code_sum(residual))
+        }
+        None => (quantize_codes(values, codes, None), 0),
+    };
+    GroupStats {
+        amax,
+        sum,
+        code_sum: code_sum(codes),
+        residual_code_sum,
+    }
+}
+
 /// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
 /// the scale `dx`, the float sum of the group's inputs `sx` (for the q4 mins) and the
 /// sum of its codes (for the int8 head's unsigned-operand correction).
@@ -240,28 +276,36 @@ impl QuantizedRows {
             }
         }
         let _ = isa;
-        self.quantize_body(x, levels)
+        self.quantize_body(x, levels, quantize_group_stats)
     }
 
-    /// [`QuantizedRows::quantize_body`] compiled for AVX-512: the same operations, wider.
+    /// [`QuantizedRows::quantize_body`] with the groups quantized by AVX-512 instructions
+    /// that perform the reference's operations lane by lane ([`x86::quantize_group_512`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     unsafe fn quantize_avx512(&mut self, x: &[f32], levels: Levels) {
-        self.quantize_body(x, levels)
+        self.quantize_body(x, levels, |values, codes, residual| {
+            // SAFETY: the caller's detection found avx512f/bw/vl.
+            unsafe { x86::quantize_group_512(values, codes, residual) }
+        })
     }
 
     /// [`QuantizedRows::quantize_body`] compiled for AVX2: the same operations, wider.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn quantize_avx2(&mut self, x: &[f32], levels: Levels) {
-        self.quantize_body(x, levels)
+        self.quantize_body(x, levels, quantize_group_stats)
     }
 
-    /// Quantizes every group of `x` into the sized buffers. Written over fixed-size
-    /// groups so the compiler vectorizes it; Rust never fuses or reorders float
-    /// operations, so every compilation gives the same bits.
+    /// Quantizes every group of `x` into the sized buffers, each group by `quantize`
+    /// (the reference's [`quantize_group_stats`] or an equal SIMD version).
     #[inline(always)]
-    fn quantize_body(&mut self, x: &[f32], levels: Levels) {
+    fn quantize_body(
+        &mut self,
+        x: &[f32],
+        levels: Levels,
+        quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats,
+    ) {
         let (k, count) = (self.k, levels.count());
         let groups = k / GROUP;
         for (at, values) in x.chunks_exact(GROUP).enumerate() {
@@ -270,15 +314,15 @@ impl QuantizedRows {
             // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
             let gi = count * i * groups + g;
             let start = count * i * k + g * GROUP;
-            self.sums[gi] = group_sum(values);
             match levels {
                 Levels::One => {
                     let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
                         .try_into()
                         .expect("a group");
-                    let amax = quantize_codes(values, codes, None);
-                    self.scales[gi] = amax / 127.0;
-                    self.code_sums[gi] = code_sum(codes);
+                    let stats = quantize(values, codes, None);
+                    self.sums[gi] = stats.sum;
+                    self.scales[gi] = stats.amax / 127.0;
+                    self.code_sums[gi] = stats.code_sum;
                 }
                 Levels::Two => {
                     let (upper, lower) = self.codes[start..].split_at_mut(k);
@@ -286,13 +330,14 @@ impl QuantizedRows {
                         (&mut upper[..GROUP]).try_into().expect("a group");
                     let residual: &mut [i8; GROUP] =
                         (&mut lower[..GROUP]).try_into().expect("a group");
-                    let amax = quantize_codes(values, codes, Some(residual));
+                    let stats = quantize(values, codes, Some(residual));
+                    self.sums[gi] = stats.sum;
                     // A division by a power of two: exact (short of underflow).
-                    self.scales[gi] = amax / 127.0 / 128.0;
+                    self.scales[gi] = stats.amax / 127.0 / 128.0;
                     self.scales[gi + groups] = self.scales[gi];
                     self.sums[gi + groups] = 0.0;
-                    self.code_sums[gi] = code_sum(codes);
-                    self.code_sums[gi + groups] = code_sum(residual);
+                    self.code_sums[gi] = stats.code_sum;
+                    self.code_sums[gi + groups] = stats.residual_code_sum;
                 }
             }
         }

@@ -15,7 +15,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{I8Matrix, Levels, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
+use super::{
+    GroupStats, I8Matrix, Levels, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS,
+};
 use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 
 /// A task's share of the output: its block's columns of every input row.
@@ -118,6 +120,86 @@ macro_rules! fold_levels {
         }
         folded
     }};
+}
+
+// ---------------------------------------------------------------- quantization
+
+/// [`super::quantize_group_stats`] in AVX-512: the same f32 operations per lane, so the
+/// same codes, scale inputs and sums. `max` keeps the accumulator when the value is NaN
+/// (as `f32::max` does); the group sum adds the same eight lanes in the same order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn quantize_group_512(
+    values: &[f32; GROUP],
+    codes: &mut [i8; GROUP],
+    residual: Option<&mut [i8; GROUP]>,
+) -> GroupStats {
+    unsafe {
+        let p = values.as_ptr();
+        let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+        // Exact, so any order: max|v| with NaN lanes skipped (max_ps returns its second
+        // operand when either is NaN).
+        let zero = _mm512_setzero_ps();
+        let mut amax = _mm512_max_ps(_mm512_abs_ps(v[0]), zero);
+        amax = _mm512_max_ps(_mm512_abs_ps(v[1]), amax);
+        let amax = _mm512_reduce_max_ps(amax);
+        let inverse = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+
+        let magic = _mm512_set1_ps(12_582_912.0);
+        let round = |t: __m512| _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+        let (low, high) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        // `code_of`: clamped to ±127, NaN as 0.
+        let code = |r: __m512| {
+            let clamped = _mm512_min_ps(_mm512_max_ps(r, low), high);
+            _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), clamped)
+        };
+        let t = [_mm512_mul_ps(v[0], inverse), _mm512_mul_ps(v[1], inverse)];
+        let c = [code(round(t[0])), code(round(t[1]))];
+        let q = [_mm512_cvttps_epi32(c[0]), _mm512_cvttps_epi32(c[1])];
+        let out = codes.as_mut_ptr() as *mut __m128i;
+        _mm_storeu_si128(out, _mm512_cvtepi32_epi8(q[0]));
+        _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(q[1]));
+        let code_sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+
+        let residual_code_sum = match residual {
+            Some(residual) => {
+                let scale = _mm512_set1_ps(128.0);
+                let r = [
+                    _mm512_cvttps_epi32(code(round(_mm512_mul_ps(
+                        _mm512_sub_ps(t[0], c[0]),
+                        scale,
+                    )))),
+                    _mm512_cvttps_epi32(code(round(_mm512_mul_ps(
+                        _mm512_sub_ps(t[1], c[1]),
+                        scale,
+                    )))),
+                ];
+                let out = residual.as_mut_ptr() as *mut __m128i;
+                _mm_storeu_si128(out, _mm512_cvtepi32_epi8(r[0]));
+                _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(r[1]));
+                _mm512_reduce_add_epi32(_mm512_add_epi32(r[0], r[1]))
+            }
+            None => 0,
+        };
+
+        // `group_sum`: lanes `c mod 8` in column order from +0, then pairwise.
+        let mut lanes = _mm256_setzero_ps();
+        for j in 0..4 {
+            lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(p.add(8 * j)));
+        }
+        let half = _mm_add_ps(
+            _mm256_castps256_ps128(lanes),
+            _mm256_extractf128_ps::<1>(lanes),
+        );
+        let pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        let sum = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+        GroupStats {
+            amax,
+            sum,
+            code_sum,
+            residual_code_sum,
+        }
+    }
 }
 
 // ---------------------------------------------------------------- AVX-512 VNNI
