@@ -56,8 +56,7 @@ pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut
     assert_eq!(x.len(), n * k);
     assert_eq!(y.len(), n * rows);
     const BLOCK: usize = 64;
-    let mut scratch = vec![0f32; rows.div_ceil(BLOCK) * BLOCK * n];
-    crate::team::for_each_chunk(&mut scratch, BLOCK * n, |b, out| {
+    crate::blocks_through_scratch(y, rows, n, BLOCK, |b, out| {
         let first = b * BLOCK;
         let count = BLOCK.min(rows.saturating_sub(first));
         #[cfg(target_arch = "x86_64")]
@@ -80,7 +79,6 @@ pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut
             }
         }
     });
-    crate::transpose_into(&scratch, n, rows, y);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -197,8 +195,7 @@ pub fn matmul_bf16_block_columns(
     assert_eq!(w.len(), rows * k * 2);
     assert_eq!(x.len(), n * k);
     assert_eq!(y.len(), n * rows);
-    let mut scratch = vec![0f32; rows * n];
-    crate::team::for_each_chunk(&mut scratch, 32 * n, |b, out| {
+    crate::blocks_through_scratch(y, rows, n, 32, |b, out| {
         let block = &w[b * k * 64..(b + 1) * k * 64];
         #[cfg(target_arch = "x86_64")]
         if isa.avx2() {
@@ -229,7 +226,6 @@ pub fn matmul_bf16_block_columns(
             }
         }
     });
-    crate::transpose_into(&scratch, n, rows, y);
 }
 
 /// 32 outputs of one row block: `acc[r] = Σ_c fma(W[r][c], x[c], acc[r])`.

@@ -30,15 +30,41 @@ pub mod team;
 
 pub use elementwise::*;
 
-/// Scratch laid out `[output row][input row]` (what the row-block tasks write) into
-/// `y[input row · rows + output row]`, for the first `rows` output rows (padding rows of
-/// the scratch are skipped). Every family's matmul ends with it.
-pub(crate) fn transpose_into(scratch: &[f32], n: usize, rows: usize, y: &mut [f32]) {
-    for (r, values) in scratch.chunks_exact(n).enumerate().take(rows) {
-        for (i, &v) in values.iter().enumerate() {
-            y[i * rows + r] = v;
-        }
+/// `y[i · rows + r]` for `n` input rows by tasks that each compute one block of `block`
+/// output rows into a block-local scratch laid out `[output row][input row]` (what the
+/// f32 and BF16 families' kernels write): each task then copies its block's columns into
+/// `y` itself (parallel, through [`team::ColumnBlock`]), so no pass allocates a scratch
+/// of the whole output or transposes it on one thread. The scratch is zeroed for each
+/// block (kernels may accumulate into it) and is one per thread, reused.
+pub(crate) fn blocks_through_scratch(
+    y: &mut [f32],
+    rows: usize,
+    n: usize,
+    block: usize,
+    kernel: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    use std::cell::RefCell;
+    thread_local! {
+        static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
+    assert_eq!(y.len(), rows * n, "kernels: output is not {n} × {rows}");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    team::for_each_column_block(y, rows, block, |b, mut out| {
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            scratch.clear();
+            scratch.resize(block * n, 0.0);
+            kernel(b, &mut scratch);
+            for i in 0..n {
+                let row = out.row_mut(i);
+                for (r, v) in row.iter_mut().enumerate() {
+                    *v = scratch[r * n + i];
+                }
+            }
+        })
+    });
 }
 pub use isa::Isa;
 pub use matmul::matmul;

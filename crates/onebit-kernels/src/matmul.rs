@@ -138,15 +138,13 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
         return;
     }
     let sums = group_sums(x, n, k);
-    let blocks = w.grid().row_blocks();
-    // Row-block-major scratch: block b holds [32 rows][n inputs], so tasks own disjoint chunks.
-    let mut scratch = vec![0f32; blocks * TILE_ROWS * n];
     let kernel = if w.kind() == Q4Kind::Q4_0 {
         Variant::Scalar
     } else {
         variant(isa)
     };
-    crate::team::for_each_chunk(&mut scratch, TILE_ROWS * n, |rb, out| match kernel {
+    // Each 32-row block's task computes `[32 rows][n inputs]` into its scratch.
+    crate::blocks_through_scratch(y, rows, n, TILE_ROWS, |rb, out| match kernel {
         Variant::Scalar => block_scalar(w, rb, x, n, &sums, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the variant comes from an `Isa` token, which only detection of
@@ -159,7 +157,6 @@ pub fn matmul(w: &Q4Matrix, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
         // SAFETY: as above, avx2 and fma detected.
         Variant::Avx2 => unsafe { avx2::block(w, rb, x, n, &sums, out) },
     });
-    crate::transpose_into(&scratch, n, rows, y);
 }
 
 /// One 32-row block for all inputs, scalar. `out[r * n + i]`.

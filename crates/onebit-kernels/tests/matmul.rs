@@ -36,7 +36,8 @@ fn check(n_out: usize, k: usize, rows: usize, seed: u64) {
     let w = Q4Matrix::from_bytes("w", &tiles, n_out, k, Q4Kind::Q4_1).unwrap();
     let x = weights(rows, k, seed + 1);
     for kernel in kernels() {
-        let mut y = vec![0f32; rows * n_out];
+        // NaN where nothing was written would fail the comparisons below.
+        let mut y = vec![f32::NAN; rows * n_out];
         matmul(&w, &x, rows, &mut y, kernel);
         for i in 0..rows {
             // Batch invariance: row i alone gives the same bits as inside the batch.
