@@ -399,21 +399,34 @@ impl CpuTarget {
         let isa = model.kernel;
         // At q8: each projection's input rows quantized once, outputs per stacked part.
         let levels = model.precision.levels().unwrap_or(q8::Levels::One);
-        let q8_project = |w: &PackedQ4, input: &[f32], k: usize, quantized: &mut QuantizedRows| {
+        // One output buffer serves every projection of the pass in turn (each output is
+        // consumed before the next projection): it is allocated and zeroed once, at its
+        // largest use, instead of once per projection (the q8 kernels write every element).
+        let mut projected: Vec<f32> = Vec::new();
+        let q8_project = |w: &PackedQ4,
+                          input: &[f32],
+                          k: usize,
+                          quantized: &mut QuantizedRows,
+                          projected: &mut Vec<f32>| {
             quantized.quantize_levels(input, n, k, levels);
-            q8::matmul_q4_levels(w, quantized, levels, isa)
+            let len = n * w.stride();
+            if projected.len() < len {
+                projected.resize(len, 0.0);
+            }
+            q8::matmul_q4(w, quantized, &mut projected[..len], isa);
         };
 
         for (l, layer) in model.weights().layers.iter().enumerate() {
             kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed);
             let (mut q, mut k, v) = match model.packed.get(l) {
                 Some(p) => {
-                    let y = q8_project(&p.qkv, &normed, h, &mut quantized);
+                    q8_project(&p.qkv, &normed, h, &mut quantized, &mut projected);
+                    let y = &projected[..n * p.qkv.stride()];
                     let s = p.qkv.stride();
                     (
-                        gather(&y, n, s, p.qkv.part(0)),
-                        gather(&y, n, s, p.qkv.part(1)),
-                        gather(&y, n, s, p.qkv.part(2)),
+                        gather(y, n, s, p.qkv.part(0)),
+                        gather(y, n, s, p.qkv.part(1)),
+                        gather(y, n, s, p.qkv.part(2)),
                     )
                 }
                 None => (
@@ -456,31 +469,47 @@ impl CpuTarget {
                 scale,
                 &mut attn,
             );
-            let o = match model.packed.get(l) {
-                Some(p) => q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized),
-                None => model.project(&layer.o, &attn, n),
+            let projected_o;
+            let o: &[f32] = match model.packed.get(l) {
+                Some(p) => {
+                    q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized, &mut projected);
+                    // `h` is every q/k/v input's width, a multiple of 32 (checked at
+                    // load), so o's and down's outputs carry no padding rows.
+                    debug_assert_eq!(p.o.stride(), h);
+                    &projected[..n * h]
+                }
+                None => {
+                    projected_o = model.project(&layer.o, &attn, n);
+                    &projected_o
+                }
             };
-            for (xv, ov) in x.iter_mut().zip(&o) {
+            for (xv, ov) in x.iter_mut().zip(o) {
                 *xv += ov;
             }
             kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed);
-            let down = match model.packed.get(l) {
+            let projected_down;
+            let down: &[f32] = match model.packed.get(l) {
                 Some(p) => {
-                    let y = q8_project(&p.gate_up, &normed, h, &mut quantized);
+                    q8_project(&p.gate_up, &normed, h, &mut quantized, &mut projected);
+                    let y = &projected[..n * p.gate_up.stride()];
                     let s = p.gate_up.stride();
-                    let mut gate = gather(&y, n, s, p.gate_up.part(0));
-                    let up = gather(&y, n, s, p.gate_up.part(1));
+                    let mut gate = gather(y, n, s, p.gate_up.part(0));
+                    let up = gather(y, n, s, p.gate_up.part(1));
                     kernels::swiglu(&mut gate, &up);
-                    q8_project(&p.down, &gate, cfg.intermediate_size, &mut quantized)
+                    let k = cfg.intermediate_size;
+                    q8_project(&p.down, &gate, k, &mut quantized, &mut projected);
+                    debug_assert_eq!(p.down.stride(), h);
+                    &projected[..n * h]
                 }
                 None => {
                     let mut gate = model.project(&layer.gate, &normed, n);
                     let up = model.project(&layer.up, &normed, n);
                     kernels::swiglu(&mut gate, &up);
-                    model.project(&layer.down, &gate, n)
+                    projected_down = model.project(&layer.down, &gate, n);
+                    &projected_down
                 }
             };
-            for (xv, dv) in x.iter_mut().zip(&down) {
+            for (xv, dv) in x.iter_mut().zip(down) {
                 *xv += dv;
             }
             for (t, &tap) in taps.iter().enumerate() {
