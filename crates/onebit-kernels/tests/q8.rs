@@ -132,20 +132,7 @@ proptest! {
         if let Some(g) = zero_group.filter(|&g| (g + 1) * 32 <= x.len()) {
             x[g * 32..(g + 1) * 32].fill(-0.0);
         }
-        let mut base = QuantizedRows::default();
-        base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
-        for isa in isas() {
-            let mut q = QuantizedRows::default();
-            q.quantize_levels_on(isa, &x, rows, k, levels);
-            for r in 0..q.level_rows() {
-                prop_assert_eq!(q.codes(r), base.codes(r), "{} codes of level row {}", isa.name(), r);
-                for g in 0..groups {
-                    prop_assert_eq!(q.scale(r, g).to_bits(), base.scale(r, g).to_bits());
-                    prop_assert_eq!(q.sum(r, g).to_bits(), base.sum(r, g).to_bits());
-                    prop_assert_eq!(q.code_sum(r, g), base.code_sum(r, g));
-                }
-            }
-        }
+        quantizes_like_the_baseline_on_every_isa(&x, rows, k, levels);
     }
 
     #[test]
@@ -181,19 +168,30 @@ fn special_values_quantize_the_same_on_every_isa() {
     }
     let rows = x.len() / k;
     for levels in [Levels::One, Levels::Two] {
-        let mut base = QuantizedRows::default();
-        base.quantize_levels_on(Isa::scalar(), &x, rows, k, levels);
-        for isa in isas() {
-            let mut q = QuantizedRows::default();
-            q.quantize_levels_on(isa, &x, rows, k, levels);
-            for r in 0..q.level_rows() {
-                assert_eq!(q.codes(r), base.codes(r), "{} level row {r}", isa.name());
-                for g in 0..k / 32 {
-                    let (got, want) = (q.sum(r, g).to_bits(), base.sum(r, g).to_bits());
-                    assert_eq!(got, want, "{} sum of level row {r} group {g}", isa.name());
-                    assert_eq!(q.scale(r, g).to_bits(), base.scale(r, g).to_bits());
-                    assert_eq!(q.code_sum(r, g), base.code_sum(r, g));
-                }
+        quantizes_like_the_baseline_on_every_isa(&x, rows, k, levels);
+    }
+}
+
+/// Every ISA's quantization of `x` has the baseline's bits: codes, scales, sums and
+/// code sums of every level row and group.
+fn quantizes_like_the_baseline_on_every_isa(x: &[f32], rows: usize, k: usize, levels: Levels) {
+    let mut base = QuantizedRows::default();
+    base.quantize_levels_on(Isa::scalar(), x, rows, k, levels);
+    for isa in isas() {
+        let mut q = QuantizedRows::default();
+        q.quantize_levels_on(isa, x, rows, k, levels);
+        let name = isa.name();
+        for r in 0..q.level_rows() {
+            assert_eq!(q.codes(r), base.codes(r), "{name} codes of level row {r}");
+            for g in 0..k / 32 {
+                let at = format!("{name} level row {r} group {g}");
+                assert_eq!(q.sum(r, g).to_bits(), base.sum(r, g).to_bits(), "sum, {at}");
+                assert_eq!(
+                    q.scale(r, g).to_bits(),
+                    base.scale(r, g).to_bits(),
+                    "scale, {at}"
+                );
+                assert_eq!(q.code_sum(r, g), base.code_sum(r, g), "code sum, {at}");
             }
         }
     }
