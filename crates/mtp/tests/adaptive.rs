@@ -310,3 +310,44 @@ fn probes_of_a_costly_never_right_drafter_stay_within_the_budget() {
         "probes cost {overhead:.4} of the time: {gaps:?}"
     );
 }
+
+/// Each draft class keeps its own acceptance: a class that is always right drafts at
+/// the cap while one that is never right, interleaved with it, falls to plain steps;
+/// a class first seen starts at the prior, not at another class's record.
+#[test]
+fn draft_classes_keep_their_own_acceptance() {
+    let costs = linear(16, 0.010, 0.002);
+    let mut p = policy();
+    for _ in 0..30 {
+        p.set_class(4);
+        let k = p.choose(&costs, 0.0, 7, false).k;
+        p.record_round(k.max(1), k.max(1));
+        p.set_class(1);
+        let k = p.choose(&costs, 0.0, 7, false).k;
+        if k > 0 {
+            p.record_round(k, 0);
+        }
+    }
+    p.set_class(4);
+    assert_eq!(
+        p.choose(&costs, 0.0, 7, false).k,
+        7,
+        "the always-right class"
+    );
+    assert!(p.acceptance(3).iter().all(|&a| a > 0.9));
+    p.set_class(1);
+    assert_eq!(
+        p.choose(&costs, 0.0, 7, false).k,
+        0,
+        "the never-right class"
+    );
+    // It stopped drafting after a few misses, so its estimate sits well below the prior.
+    assert!(p.acceptance(1)[0] < 0.25, "{:?}", p.acceptance(1));
+    p.set_class(2);
+    let fresh = AdaptiveK::new(AdaptiveConfig::default());
+    assert_eq!(
+        p.acceptance(7),
+        fresh.acceptance(7),
+        "a new class starts at the prior"
+    );
+}
