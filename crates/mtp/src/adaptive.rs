@@ -316,12 +316,7 @@ pub struct Choice {
 #[derive(Clone, Debug)]
 pub struct AdaptiveK {
     config: AdaptiveConfig,
-    /// Acceptance per draft class (`[c]`, grown on demand; see
-    /// [`crate::DraftHead::draft_class`]): a lookup that matched four tokens and one
-    /// that matched a single token are right at very different rates.
-    estimates: Vec<AcceptanceEstimate>,
-    /// The class of the round being chosen and recorded ([`AdaptiveK::set_class`]).
-    class: usize,
+    estimate: AcceptanceEstimate,
     /// Plain steps chosen in a row.
     streak: usize,
     /// Plain steps to wait before the next probe.
@@ -340,8 +335,7 @@ impl AdaptiveK {
     /// Per-run state for `config`, with no costs or acceptance seen yet.
     pub fn new(config: AdaptiveConfig) -> AdaptiveK {
         AdaptiveK {
-            estimates: vec![AcceptanceEstimate::new(config.decay, config.prior)],
-            class: 0,
+            estimate: AcceptanceEstimate::new(config.decay, config.prior),
             gap: config.probe_after.max(1),
             streak: 0,
             probing: false,
@@ -351,29 +345,15 @@ impl AdaptiveK {
         }
     }
 
-    /// The acceptance estimates for positions 0..n, of the current class.
+    /// The acceptance estimates for positions 0..n.
     pub fn acceptance(&self, n: usize) -> Vec<f64> {
-        self.estimates[self.class].estimates(n)
-    }
-
-    /// The class of the next round's drafts (its acceptance statistics are that
-    /// class's own; a class first seen starts at the prior).
-    pub fn set_class(&mut self, class: usize) {
-        if self.estimates.len() <= class {
-            let fresh = AcceptanceEstimate::new(self.config.decay, self.config.prior);
-            self.estimates.resize(class + 1, fresh);
-        }
-        self.class = class;
-    }
-
-    fn estimate_mut(&mut self) -> &mut AcceptanceEstimate {
-        &mut self.estimates[self.class]
+        self.estimate.estimates(n)
     }
 
     /// The choice for the next round, at most `cap` drafts. `costs[n - 1]`: seconds of
     /// an n-row pass; `draft_cost`: seconds of a draft round.
     pub fn choose(&mut self, costs: &[f64], draft_cost: f64, cap: usize, two_pass: bool) -> Choice {
-        let acceptance = self.acceptance(cap);
+        let acceptance = self.estimate.estimates(cap);
         let k = best_k(costs, draft_cost, &acceptance, cap, two_pass);
         if k > 0 || cap == 0 {
             self.streak = 0;
@@ -430,7 +410,7 @@ impl AdaptiveK {
     /// A verified round (a probe's outcome sets the wait before the next probe: at
     /// once after a success, twice as long after a failure).
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
-        self.estimate_mut().record(drafted, accepted);
+        self.estimate.record(drafted, accepted);
         if std::mem::take(&mut self.probing) {
             self.recovering = accepted > 0;
             self.failed_probe |= accepted == 0;
@@ -446,7 +426,7 @@ impl AdaptiveK {
 
     /// A shadow probe: the drafter's token did (or did not) equal the target's.
     pub fn record_shadow(&mut self, matched: bool) {
-        self.estimate_mut().record(1, matched as usize);
+        self.estimate.record(1, matched as usize);
     }
 
     /// The drafter had nothing to propose this round.

@@ -31,11 +31,4 @@ pub trait DraftHead {
     /// every emitted token (a draft at `pos` comes after `pos` such tokens). For
     /// drafters that read the text itself (prompt lookup).
     fn observe_tokens(&mut self, _tokens: &[u32]) {}
-    /// The kind of draft the next `draft` call would make, for drafters whose drafts
-    /// differ in how often they are right in a way they can tell beforehand (prompt
-    /// lookup: the length of the matched n-gram). The adaptive draft length keeps
-    /// acceptance statistics per class. One kind of draft: always 0.
-    fn draft_class(&self) -> usize {
-        0
-    }
 }

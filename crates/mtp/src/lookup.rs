@@ -79,18 +79,6 @@ impl LookupHead {
         self.history.push(token);
     }
 
-    /// The longest suffix n-gram with an earlier occurrence: `(n, position of the token
-    /// that followed its latest occurrence)`.
-    fn longest_match(&self) -> Option<(usize, usize)> {
-        let len = self.history.len();
-        (1..=self.max_ngram.min(len)).rev().find_map(|n| {
-            let suffix = &self.history[len - n..];
-            let &follow = self.index[n - 1].get(&ngram_hash(suffix))?;
-            // A hash collision is no match.
-            (self.history[follow - n..follow] == *suffix).then_some((n, follow))
-        })
-    }
-
     /// Up to `k` tokens continuing the history: what followed the most recent earlier
     /// occurrence of the longest matching suffix. A continuation that runs into the
     /// suffix itself keeps copying from the drafts (a repeating pattern repeats).
@@ -100,21 +88,28 @@ impl LookupHead {
         if k == 0 {
             return Vec::new();
         }
-        let Some((n, follow)) = self.longest_match() else {
-            return Vec::new();
-        };
-        self.matched = n;
-        let mut drafts = Vec::with_capacity(k);
-        for j in 0..k {
-            let at = follow + j;
-            let t = if at < len {
-                self.history[at]
-            } else {
-                drafts[at - len]
+        for n in (1..=self.max_ngram.min(len)).rev() {
+            let suffix = &self.history[len - n..];
+            let Some(&follow) = self.index[n - 1].get(&ngram_hash(suffix)) else {
+                continue;
             };
-            drafts.push(t);
+            if self.history[follow - n..follow] != *suffix {
+                continue; // a hash collision
+            }
+            self.matched = n;
+            let mut drafts = Vec::with_capacity(k);
+            for j in 0..k {
+                let at = follow + j;
+                let t = if at < len {
+                    self.history[at]
+                } else {
+                    drafts[at - len]
+                };
+                drafts.push(t);
+            }
+            return drafts;
         }
-        drafts
+        Vec::new()
     }
 }
 
@@ -137,12 +132,6 @@ impl DraftHead for LookupHead {
     }
 
     fn commit_rows(&mut self, _m: usize) {}
-
-    /// The length of the n-gram the next proposal would match (0: none): a 4-gram
-    /// match continues the text far more often than a lone token does.
-    fn draft_class(&self) -> usize {
-        self.longest_match().map_or(0, |(n, _)| n)
-    }
 
     fn reset(&mut self) {
         self.history.clear();
@@ -208,23 +197,6 @@ mod tests {
         assert_eq!(none.propose(4), Vec::<u32>::new());
         assert_eq!(none.last_match(), 0);
         assert_eq!(lh.propose(0), Vec::<u32>::new());
-    }
-
-    #[test]
-    fn the_draft_class_is_the_length_the_next_proposal_matches() {
-        let h = &[4, 5, 6, 7, 8, 9, 6, 7, 1, 2, 5, 6, 7];
-        let lh = head(h, 4);
-        assert_eq!(lh.draft_class(), 3, "\"5 6 7\" occurred before");
-        assert_eq!(head(h, 2).draft_class(), 2);
-        assert_eq!(
-            head(&[1, 2, 3], 4).draft_class(),
-            0,
-            "no earlier occurrence"
-        );
-        // The class is the match the proposal then uses.
-        let mut lh = lh;
-        lh.propose(2);
-        assert_eq!(lh.last_match(), lh.draft_class());
     }
 
     #[test]

@@ -216,7 +216,6 @@ fn generate(
         let choice = match policy.as_mut() {
             Some(p) if head.is_some() => {
                 let cap = options.draft_max.min(room).min(MAX_TRACKED_ROWS - 1);
-                p.set_class(head.as_deref().map_or(0, |h| h.draft_class()));
                 p.choose(
                     &stats.pass_costs.table(cap + 1),
                     draft_cost.unwrap_or(0.0),
