@@ -18,6 +18,32 @@ struct PackedLayer {
     down: PackedQ4,
 }
 
+/// The q8 projections of one pass: each input quantized (per row), then multiplied into
+/// one output buffer that serves every projection in turn (each output is consumed
+/// before the next projection), so it is allocated and zeroed once, at its largest use,
+/// instead of once per projection (the q8 kernels write every element).
+struct Q8Projector {
+    rows: usize,
+    levels: q8::Levels,
+    isa: Isa,
+    quantized: QuantizedRows,
+    output: Vec<f32>,
+}
+
+impl Q8Projector {
+    /// `input` (`rows` rows of `k`) by `w`: the `rows × w.stride()` outputs.
+    fn project(&mut self, w: &PackedQ4, input: &[f32], k: usize) -> &[f32] {
+        self.quantized
+            .quantize_levels(input, self.rows, k, self.levels);
+        let len = self.rows * w.stride();
+        if self.output.len() < len {
+            self.output.resize(len, 0.0);
+        }
+        q8::matmul_q4(w, &self.quantized, &mut self.output[..len], self.isa);
+        &self.output[..len]
+    }
+}
+
 /// Rows `range` of every one of `n` output rows of `stride` values.
 fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * range.len());
@@ -395,33 +421,21 @@ impl CpuTarget {
             .unwrap_or_default();
         let mut tap_values: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
         let mut normed = vec![0f32; n * h];
-        let mut quantized = QuantizedRows::default();
         let isa = model.kernel;
         // At q8: each projection's input rows quantized once, outputs per stacked part.
-        let levels = model.precision.levels().unwrap_or(q8::Levels::One);
-        // One output buffer serves every projection of the pass in turn (each output is
-        // consumed before the next projection): it is allocated and zeroed once, at its
-        // largest use, instead of once per projection (the q8 kernels write every element).
-        let mut projected: Vec<f32> = Vec::new();
-        let q8_project = |w: &PackedQ4,
-                          input: &[f32],
-                          k: usize,
-                          quantized: &mut QuantizedRows,
-                          projected: &mut Vec<f32>| {
-            quantized.quantize_levels(input, n, k, levels);
-            let len = n * w.stride();
-            if projected.len() < len {
-                projected.resize(len, 0.0);
-            }
-            q8::matmul_q4(w, quantized, &mut projected[..len], isa);
+        let mut projector = Q8Projector {
+            rows: n,
+            levels: model.precision.levels().unwrap_or(q8::Levels::One),
+            isa,
+            quantized: QuantizedRows::default(),
+            output: Vec::new(),
         };
 
         for (l, layer) in model.weights().layers.iter().enumerate() {
             kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed);
             let (mut q, mut k, v) = match model.packed.get(l) {
                 Some(p) => {
-                    q8_project(&p.qkv, &normed, h, &mut quantized, &mut projected);
-                    let y = &projected[..n * p.qkv.stride()];
+                    let y = projector.project(&p.qkv, &normed, h);
                     let s = p.qkv.stride();
                     (
                         gather(y, n, s, p.qkv.part(0)),
@@ -472,11 +486,10 @@ impl CpuTarget {
             let projected_o;
             let o: &[f32] = match model.packed.get(l) {
                 Some(p) => {
-                    q8_project(&p.o, &attn, cfg.q_dim(), &mut quantized, &mut projected);
                     // `h` is every q/k/v input's width, a multiple of 32 (checked at
                     // load), so o's and down's outputs carry no padding rows.
                     debug_assert_eq!(p.o.stride(), h);
-                    &projected[..n * h]
+                    projector.project(&p.o, &attn, cfg.q_dim())
                 }
                 None => {
                     projected_o = model.project(&layer.o, &attn, n);
@@ -490,16 +503,13 @@ impl CpuTarget {
             let projected_down;
             let down: &[f32] = match model.packed.get(l) {
                 Some(p) => {
-                    q8_project(&p.gate_up, &normed, h, &mut quantized, &mut projected);
-                    let y = &projected[..n * p.gate_up.stride()];
+                    let y = projector.project(&p.gate_up, &normed, h);
                     let s = p.gate_up.stride();
                     let mut gate = gather(y, n, s, p.gate_up.part(0));
                     let up = gather(y, n, s, p.gate_up.part(1));
                     kernels::swiglu(&mut gate, &up);
-                    let k = cfg.intermediate_size;
-                    q8_project(&p.down, &gate, k, &mut quantized, &mut projected);
                     debug_assert_eq!(p.down.stride(), h);
-                    &projected[..n * h]
+                    projector.project(&p.down, &gate, cfg.intermediate_size)
                 }
                 None => {
                     let mut gate = model.project(&layer.gate, &normed, n);

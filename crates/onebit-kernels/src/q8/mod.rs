@@ -144,6 +144,10 @@ fn code_sum(codes: &[i8; GROUP]) -> i32 {
     codes.iter().map(|&c| c as i32).sum()
 }
 
+/// A block task's share of a matmul's output: its block's columns of every input row
+/// (what every variant's block function writes).
+type Out<'a> = crate::team::ColumnBlock<'a, f32>;
+
 /// What quantizing one group yields besides its codes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GroupStats {

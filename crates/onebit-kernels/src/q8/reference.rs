@@ -2,10 +2,7 @@
 //! the sequence of operations in the family's documentation. Every SIMD variant is
 //! tested equal to these functions.
 
-use super::{bf16_at, I8Matrix, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
-
-/// A task's share of the output: its block's columns of every input row.
-type Out<'a> = crate::team::ColumnBlock<'a, f32>;
+use super::{bf16_at, I8Matrix, Out, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS};
 
 /// The 4-bit code of stacked row `r` of block `b`, column `c` of group `g`.
 fn q4_code(w: &PackedQ4, b: usize, r: usize, g: usize, c: usize) -> i32 {

@@ -16,12 +16,9 @@
 use std::arch::x86_64::*;
 
 use super::{
-    GroupStats, I8Matrix, Levels, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS,
+    GroupStats, I8Matrix, Levels, Out, PackedQ4, QuantizedRows, BLOCK_ROWS, GROUP, I8_BLOCK_ROWS,
 };
 use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
-
-/// A task's share of the output: its block's columns of every input row.
-type Out<'a> = crate::team::ColumnBlock<'a, f32>;
 
 /// Level rows per sweep of a weight block (a multiple of every level count).
 const MAX_R: usize = 4;
