@@ -68,3 +68,12 @@ pub(crate) fn blocks_through_scratch(
 }
 pub use isa::Isa;
 pub use matmul::matmul;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[should_panic(expected = "kernels: output is not 2 × 3")]
+    fn blocks_through_scratch_refuses_an_output_of_another_size() {
+        super::blocks_through_scratch(&mut [0f32; 5], 3, 2, 32, |_, _| {});
+    }
+}

@@ -494,6 +494,20 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "team: 10 values are not rows of 4")]
+    fn column_blocks_refuse_a_matrix_of_partial_rows() {
+        for_each_column_block(&mut [0u8; 10], 4, 2, |_, _| {});
+    }
+
+    #[test]
+    #[should_panic(expected = "team: row 3 of a 3-row matrix")]
+    fn a_column_block_refuses_a_row_past_the_matrix() {
+        for_each_column_block(&mut [0u8; 12], 4, 2, |_, mut share| {
+            share.row_mut(3);
+        });
+    }
+
+    #[test]
     fn a_panicking_task_panics_the_caller_and_the_team_survives() {
         let team = Team::new(2, "test").unwrap();
         let r = catch_unwind(AssertUnwindSafe(|| {
