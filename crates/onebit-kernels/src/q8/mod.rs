@@ -256,8 +256,7 @@ fn quantize_row_body(
                 // The residual level row is one row (K codes) on.
                 let (upper, lower) = row.codes[start..].split_at_mut(k);
                 let codes: &mut [i8; GROUP] = (&mut upper[..GROUP]).try_into().expect("a group");
-                let residual: &mut [i8; GROUP] =
-                    (&mut lower[..GROUP]).try_into().expect("a group");
+                let residual: &mut [i8; GROUP] = (&mut lower[..GROUP]).try_into().expect("a group");
                 let stats = quantize(group, codes, Some(residual));
                 row.sums[g] = stats.sum;
                 // A division by a power of two: exact (short of underflow).

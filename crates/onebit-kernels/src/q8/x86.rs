@@ -239,18 +239,23 @@ macro_rules! dpbusd_broadcast {
     }};
 }
 
-/// One quad column `q` (a literal) of a 16-row half: its 64 bytes of nibbles decoded
-/// once, then the low nibbles (columns `8q .. 8q+4`) and the high (`8q+4 .. 8q+8`)
-/// against every level row.
+/// Quad column `q` (a literal) of both 16-row halves: each half's 64 bytes of nibbles
+/// decoded once, then the low nibbles (columns `8q .. 8q+4`) and the high (`8q+4 ..
+/// 8q+8`) against every level row, into one accumulator per level row and half (the
+/// sums are exact, so the order in which the products arrive cannot matter).
 macro_rules! q4_512_quad {
-    ($p:expr, $h:expr, $q:literal, $lo_off:literal, $hi_off:literal,
-     $mask:expr, $rows:expr, $lo:expr, $hi:expr) => {{
-        let c = _mm512_loadu_si512($p.add((4 * $h + $q) * 64) as *const _);
-        let wl = _mm512_and_si512(c, $mask);
-        let wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), $mask);
+    ($p:expr, $q:literal, $lo_off:literal, $hi_off:literal, $mask:expr, $rows:expr, $acc:expr) => {{
+        let c0 = _mm512_loadu_si512($p.add($q * 64) as *const _);
+        let c1 = _mm512_loadu_si512($p.add((4 + $q) * 64) as *const _);
+        let l0 = _mm512_and_si512(c0, $mask);
+        let h0 = _mm512_and_si512(_mm512_srli_epi16(c0, 4), $mask);
+        let l1 = _mm512_and_si512(c1, $mask);
+        let h1 = _mm512_and_si512(_mm512_srli_epi16(c1, 4), $mask);
         for r in 0..$rows.len() {
-            $lo[r] = dpbusd_broadcast!($lo[r], wl, $rows[r], $lo_off);
-            $hi[r] = dpbusd_broadcast!($hi[r], wh, $rows[r], $hi_off);
+            $acc[r][0] = dpbusd_broadcast!($acc[r][0], l0, $rows[r], $lo_off);
+            $acc[r][1] = dpbusd_broadcast!($acc[r][1], l1, $rows[r], $lo_off);
+            $acc[r][0] = dpbusd_broadcast!($acc[r][0], h0, $rows[r], $hi_off);
+            $acc[r][1] = dpbusd_broadcast!($acc[r][1], h1, $rows[r], $hi_off);
         }
     }};
 }
@@ -276,22 +281,18 @@ unsafe fn q4_512<const R: usize, const L: usize>(
             if i0 == 0 {
                 prefetch_groups_ahead(p, Q4_GROUP_BYTES);
             }
-            // Each half (16 rows) decodes its nibbles once for all R level rows; the
-            // inputs are read by the dot products' broadcast operands.
+            // Both halves (16 rows each) decode their nibbles once for all R level rows;
+            // the inputs are read by the dot products' broadcast operands.
+            let mut acc = [[_mm512_setzero_si512(); 2]; R];
+            let rows: [*const i8; R] = std::array::from_fn(|r| xs.codes[r].add(g * GROUP));
+            q4_512_quad!(p, 0, "0", "4", mask, rows, acc);
+            q4_512_quad!(p, 1, "8", "12", mask, rows, acc);
+            q4_512_quad!(p, 2, "16", "20", mask, rows, acc);
+            q4_512_quad!(p, 3, "24", "28", mask, rows, acc);
             for h in 0..2 {
-                let mut lo = [_mm512_setzero_si512(); R];
-                let mut hi = [_mm512_setzero_si512(); R];
-                let rows: [*const i8; R] = std::array::from_fn(|r| xs.codes[r].add(g * GROUP));
-                q4_512_quad!(p, h, 0, "0", "4", mask, rows, lo, hi);
-                q4_512_quad!(p, h, 1, "8", "12", mask, rows, lo, hi);
-                q4_512_quad!(p, h, 2, "16", "20", mask, rows, lo, hi);
-                q4_512_quad!(p, h, 3, "24", "28", mask, rows, lo, hi);
                 let d = bf16x16(p.add(512 + 32 * h));
                 let m = bf16x16(p.add(576 + 32 * h));
-                let mut sums = [_mm512_setzero_si512(); R];
-                for r in 0..R {
-                    sums[r] = _mm512_add_epi32(lo[r], hi[r]);
-                }
+                let sums: [__m512i; R] = std::array::from_fn(|r| acc[r][h]);
                 for o in 0..R / L {
                     let folded = fold_levels!(sums, o, L, _mm512_slli_epi32, _mm512_add_epi32);
                     let isum = _mm512_cvtepi32_ps(folded);
