@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
 /// Spins of the posting thread, waiting for workers, before it starts yielding its core.
@@ -37,12 +39,16 @@ struct Job {
 // SAFETY: the pointee is `Sync` and outlives every use (see `Team::run`).
 unsafe impl Send for Job {}
 
+/// The team's shared state. The counters each thread writes during a region (`next`,
+/// `done`) and the one idle workers spin on (`epoch`) live on cache lines of their own,
+/// so a claim does not evict the line a waiting worker reads, nor the other way round.
 struct Shared {
-    epoch: AtomicUsize,
+    epoch: CachePadded<AtomicUsize>,
+    next: CachePadded<AtomicUsize>,
+    /// Tasks of the current job that have completed (each thread adds its own count
+    /// once it finds nothing left to claim).
+    done: CachePadded<AtomicUsize>,
     job: Mutex<Option<Job>>,
-    next: AtomicUsize,
-    /// Tasks of the current job that have completed.
-    done: AtomicUsize,
     /// Whether the current job still accepts workers.
     open: AtomicBool,
     /// Workers inside the current job (they may touch its closure).
@@ -50,6 +56,8 @@ struct Shared {
     panicked: AtomicBool,
     stop: AtomicBool,
     sleepers: Mutex<Vec<Thread>>,
+    /// Entries in `sleepers` (read without the lock: a post wakes no one when it is 0).
+    sleeping: AtomicUsize,
     /// Threads of the team (the caller included), for the size of a claim.
     threads: usize,
 }
@@ -72,15 +80,16 @@ impl Team {
     /// A team of `threads` threads in all (at least 1), named `NAME-i`.
     pub fn new(threads: usize, name: &str) -> std::io::Result<Team> {
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
+            epoch: CachePadded::new(AtomicUsize::new(0)),
+            next: CachePadded::new(AtomicUsize::new(0)),
+            done: CachePadded::new(AtomicUsize::new(0)),
             job: Mutex::new(None),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
             open: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleepers: Mutex::new(Vec::new()),
+            sleeping: AtomicUsize::new(0),
             threads: threads.max(1),
         });
         let mut workers = Vec::new();
@@ -154,8 +163,14 @@ impl Team {
         s.done.store(0, Ordering::SeqCst);
         s.open.store(true, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::SeqCst);
-        for sleeper in s.sleepers.lock().expect("team sleepers lock").drain(..) {
-            sleeper.unpark();
+        // A worker registers in `sleeping` before its last look at `epoch` (both SeqCst),
+        // so either it sees this epoch and does not park, or this load sees it.
+        if s.sleeping.load(Ordering::SeqCst) > 0 {
+            let mut sleepers = s.sleepers.lock().expect("team sleepers lock");
+            s.sleeping.store(0, Ordering::SeqCst);
+            for sleeper in sleepers.drain(..) {
+                sleeper.unpark();
+            }
         }
         // The caller works too; tasks no worker took are all run here, so an idle or
         // descheduled worker never holds the caller up.
@@ -195,9 +210,14 @@ fn wait_until(ready: impl Fn() -> bool) {
 /// Which thread runs a task never changes its result.
 fn claim(s: &Shared, task: &(dyn Fn(usize) + Sync), count: usize) {
     let threads = s.threads;
+    // Counted here and added once at the end: one contended write per thread and region.
+    let mut ran = 0;
     loop {
         let first = s.next.load(Ordering::Relaxed);
         if first >= count {
+            if ran > 0 {
+                s.done.fetch_add(ran, Ordering::Release);
+            }
             return;
         }
         let run = ((count - first) / (2 * threads)).max(1);
@@ -212,7 +232,7 @@ fn claim(s: &Shared, task: &(dyn Fn(usize) + Sync), count: usize) {
                 s.panicked.store(true, Ordering::Relaxed);
             }
         }
-        s.done.fetch_add(run, Ordering::Release);
+        ran += run;
     }
 }
 
@@ -240,13 +260,15 @@ fn worker(s: &Shared) {
                 }
                 continue;
             }
-            s.sleepers
-                .lock()
-                .expect("team sleepers lock")
-                .push(thread::current());
+            {
+                let mut sleepers = s.sleepers.lock().expect("team sleepers lock");
+                sleepers.push(thread::current());
+                s.sleeping.store(sleepers.len(), Ordering::SeqCst);
+            }
             // Re-check after registering, so a post between the check and the push is
-            // not missed (unpark before park makes park return at once).
-            if s.epoch.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Acquire) {
+            // not missed (unpark before park makes park return at once). SeqCst, as the
+            // poster's epoch increment and its load of `sleeping` are.
+            if s.epoch.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::Acquire) {
                 thread::park_timeout(Duration::from_millis(50));
             }
         }
