@@ -368,8 +368,8 @@ impl QuantizedRows {
             })
             .collect();
         // Rows are quantized independently (each from its own values alone), so spreading
-        // them over the team cannot change a bit; under four rows the work is less than a region costs.
-        if rows >= 4 && crate::team::current_threads() > 1 {
+        // them over the team cannot change a bit; a single row is not worth a region.
+        if rows >= 2 && crate::team::current_threads() > 1 {
             crate::team::for_each_chunk(&mut parts, 1, |i, row| {
                 quantize_row_on(isa, &x[i * k..(i + 1) * k], levels, &mut row[0]);
             });
