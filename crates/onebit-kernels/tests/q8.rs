@@ -172,20 +172,14 @@ fn special_values_quantize_the_same_on_every_isa() {
     }
 }
 
-/// Every ISA's quantization of `x`, its rows spread over a two-thread team, has the
-/// bits of the baseline's quantized one row after another on one thread: codes, scales,
-/// sums and code sums of every level row and group.
+/// Every ISA's quantization of `x` has the baseline's bits: codes, scales, sums and
+/// code sums of every level row and group.
 fn quantizes_like_the_baseline_on_every_isa(x: &[f32], rows: usize, k: usize, levels: Levels) {
-    let serial = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
     let mut base = QuantizedRows::default();
-    serial.install(|| base.quantize_levels_on(Isa::scalar(), x, rows, k, levels));
-    let team = onebit_kernels::team::Team::new(2, "quantize-test").unwrap();
+    base.quantize_levels_on(Isa::scalar(), x, rows, k, levels);
     for isa in isas() {
         let mut q = QuantizedRows::default();
-        team.install(|| q.quantize_levels_on(isa, x, rows, k, levels));
+        q.quantize_levels_on(isa, x, rows, k, levels);
         let name = isa.name();
         for r in 0..q.level_rows() {
             assert_eq!(q.codes(r), base.codes(r), "{name} codes of level row {r}");

@@ -184,92 +184,6 @@ fn quantize_group_stats(
     }
 }
 
-/// One input row's share of [`QuantizedRows`]' buffers: its level rows' codes, and per
-/// level row and group the scale, float sum and code sum.
-struct RowsMut<'a> {
-    codes: &'a mut [i8],
-    scales: &'a mut [f32],
-    sums: &'a mut [f32],
-    code_sums: &'a mut [i32],
-}
-
-/// Quantizes one input row (`values`, a multiple of 32 long) at `levels` into `row`, by
-/// the fastest variant `isa` allows (each equals the reference bit for bit).
-fn quantize_row_on(isa: Isa, values: &[f32], levels: Levels, row: &mut RowsMut<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa.avx512() {
-            // SAFETY: detection found avx512f/bw/vl (an `Isa` is built only by detection).
-            return unsafe { quantize_row_avx512(values, levels, row) };
-        }
-        if isa.avx2() {
-            // SAFETY: detection found avx2 and fma.
-            return unsafe { quantize_row_avx2(values, levels, row) };
-        }
-    }
-    let _ = isa;
-    quantize_row_body(values, levels, row, quantize_group_stats)
-}
-
-/// [`quantize_row_body`] with the groups quantized by AVX-512 instructions that perform
-/// the reference's operations lane by lane ([`x86::quantize_group_512`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn quantize_row_avx512(values: &[f32], levels: Levels, row: &mut RowsMut<'_>) {
-    quantize_row_body(values, levels, row, |values, codes, residual| {
-        // SAFETY: the caller's detection found avx512f/bw/vl.
-        unsafe { x86::quantize_group_512(values, codes, residual) }
-    })
-}
-
-/// [`quantize_row_body`] compiled for AVX2: the same operations, wider.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(values: &[f32], levels: Levels, row: &mut RowsMut<'_>) {
-    quantize_row_body(values, levels, row, quantize_group_stats)
-}
-
-/// Quantizes every group of one input row into its share, each group by `quantize` (the
-/// reference's [`quantize_group_stats`] or an equal SIMD version).
-#[inline(always)]
-fn quantize_row_body(
-    values: &[f32],
-    levels: Levels,
-    row: &mut RowsMut<'_>,
-    quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats,
-) {
-    let (k, groups) = (values.len(), values.len() / GROUP);
-    for (g, group) in values.chunks_exact(GROUP).enumerate() {
-        let group: &[f32; GROUP] = group.try_into().expect("chunks of GROUP");
-        let start = g * GROUP;
-        match levels {
-            Levels::One => {
-                let codes: &mut [i8; GROUP] = (&mut row.codes[start..start + GROUP])
-                    .try_into()
-                    .expect("a group");
-                let stats = quantize(group, codes, None);
-                row.sums[g] = stats.sum;
-                row.scales[g] = stats.amax / 127.0;
-                row.code_sums[g] = stats.code_sum;
-            }
-            Levels::Two => {
-                // The residual level row is one row (K codes) on.
-                let (upper, lower) = row.codes[start..].split_at_mut(k);
-                let codes: &mut [i8; GROUP] = (&mut upper[..GROUP]).try_into().expect("a group");
-                let residual: &mut [i8; GROUP] = (&mut lower[..GROUP]).try_into().expect("a group");
-                let stats = quantize(group, codes, Some(residual));
-                row.sums[g] = stats.sum;
-                // A division by a power of two: exact (short of underflow).
-                row.scales[g] = stats.amax / 127.0 / 128.0;
-                row.scales[g + groups] = row.scales[g];
-                row.sums[g + groups] = 0.0;
-                row.code_sums[g] = stats.code_sum;
-                row.code_sums[g + groups] = stats.residual_code_sum;
-            }
-        }
-    }
-}
-
 /// Input rows quantized for the `q8` family: per row and 32-column group, int8 codes,
 /// the scale `dx`, the float sum of the group's inputs `sx` (for the q4 mins) and the
 /// sum of its codes (for the int8 head's unsigned-operand correction).
@@ -354,28 +268,81 @@ impl QuantizedRows {
         self.scales.resize(count * rows * groups, 0.0);
         self.sums.resize(count * rows * groups, 0.0);
         self.code_sums.resize(count * rows * groups, 0);
-        let mut parts: Vec<RowsMut<'_>> = self
-            .codes
-            .chunks_exact_mut(count * k)
-            .zip(self.scales.chunks_exact_mut(count * groups))
-            .zip(self.sums.chunks_exact_mut(count * groups))
-            .zip(self.code_sums.chunks_exact_mut(count * groups))
-            .map(|(((codes, scales), sums), code_sums)| RowsMut {
-                codes,
-                scales,
-                sums,
-                code_sums,
-            })
-            .collect();
-        // Rows are quantized independently (each from its own values alone), so spreading
-        // them over the team cannot change a bit; a single row is not worth a region.
-        if rows >= 2 && crate::team::current_threads() > 1 {
-            crate::team::for_each_chunk(&mut parts, 1, |i, row| {
-                quantize_row_on(isa, &x[i * k..(i + 1) * k], levels, &mut row[0]);
-            });
-        } else {
-            for (row, values) in parts.iter_mut().zip(x.chunks_exact(k)) {
-                quantize_row_on(isa, values, levels, row);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa.avx512() {
+                // SAFETY: detection found avx512f/bw/vl.
+                return unsafe { self.quantize_avx512(x, levels) };
+            }
+            if isa.avx2() {
+                // SAFETY: detection found avx2 and fma.
+                return unsafe { self.quantize_avx2(x, levels) };
+            }
+        }
+        let _ = isa;
+        self.quantize_body(x, levels, quantize_group_stats)
+    }
+
+    /// [`QuantizedRows::quantize_body`] with the groups quantized by AVX-512 instructions
+    /// that perform the reference's operations lane by lane ([`x86::quantize_group_512`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn quantize_avx512(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels, |values, codes, residual| {
+            // SAFETY: the caller's detection found avx512f/bw/vl.
+            unsafe { x86::quantize_group_512(values, codes, residual) }
+        })
+    }
+
+    /// [`QuantizedRows::quantize_body`] compiled for AVX2: the same operations, wider.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&mut self, x: &[f32], levels: Levels) {
+        self.quantize_body(x, levels, quantize_group_stats)
+    }
+
+    /// Quantizes every group of `x` into the sized buffers, each group by `quantize`
+    /// (the reference's [`quantize_group_stats`] or an equal SIMD version).
+    #[inline(always)]
+    fn quantize_body(
+        &mut self,
+        x: &[f32],
+        levels: Levels,
+        quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats,
+    ) {
+        let (k, count) = (self.k, levels.count());
+        let groups = k / GROUP;
+        for (at, values) in x.chunks_exact(GROUP).enumerate() {
+            let values: &[f32; GROUP] = values.try_into().expect("chunks of GROUP");
+            let (i, g) = (at / groups, at % groups);
+            // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
+            let gi = count * i * groups + g;
+            let start = count * i * k + g * GROUP;
+            match levels {
+                Levels::One => {
+                    let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let stats = quantize(values, codes, None);
+                    self.sums[gi] = stats.sum;
+                    self.scales[gi] = stats.amax / 127.0;
+                    self.code_sums[gi] = stats.code_sum;
+                }
+                Levels::Two => {
+                    let (upper, lower) = self.codes[start..].split_at_mut(k);
+                    let codes: &mut [i8; GROUP] =
+                        (&mut upper[..GROUP]).try_into().expect("a group");
+                    let residual: &mut [i8; GROUP] =
+                        (&mut lower[..GROUP]).try_into().expect("a group");
+                    let stats = quantize(values, codes, Some(residual));
+                    self.sums[gi] = stats.sum;
+                    // A division by a power of two: exact (short of underflow).
+                    self.scales[gi] = stats.amax / 127.0 / 128.0;
+                    self.scales[gi + groups] = self.scales[gi];
+                    self.sums[gi + groups] = 0.0;
+                    self.code_sums[gi] = stats.code_sum;
+                    self.code_sums[gi + groups] = stats.residual_code_sum;
+                }
             }
         }
     }
