@@ -362,15 +362,6 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &["avx512f", "avx512bw", "avx512vl", "avx512vnni"],
     },
     Mutant {
-        name: "q8-quantizer-rows-on-the-team-read-the-next-row",
-        file: "crates/onebit-kernels/src/q8/mod.rs",
-        find: "quantize_row_on(isa, &x[i * k..(i + 1) * k], levels, &mut row[0]);",
-        replace: "quantize_row_on(isa, &x[(i + 1) % rows * k..((i + 1) % rows + 1) * k], levels, &mut row[0]);",
-        tests: &["-p", "onebit-kernels", "--test", "q8"],
-        also: None,
-        requires: &[],
-    },
-    Mutant {
         name: "team-guided-claim-skips-a-task",
         file: "crates/onebit-kernels/src/team.rs",
         find: "for i in first..first + run {",
