@@ -30,6 +30,20 @@ pub mod team;
 
 pub use elementwise::*;
 
+/// Asks for the `bytes` at `p` into the caches, whole 64-byte lines (the last one covers
+/// a partial tail). The q8 kernels ask for the weights a few groups ahead, the AVX-512
+/// attention kernel for the next key block. A prefetch reads nothing and never faults,
+/// whatever the address, so `p` may point past its buffer.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_bytes(p: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in 0..bytes.div_ceil(64) {
+        // SAFETY: SSE is part of the x86-64 baseline; a prefetch never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line) as *const i8) };
+    }
+}
+
 /// `y[i · rows + r]` for `n` input rows by tasks that each compute one block of `block`
 /// output rows into a block-local scratch laid out `[output row][input row]` (what the
 /// f32 and BF16 families' kernels write): each task then copies its block's columns into

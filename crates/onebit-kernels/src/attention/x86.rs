@@ -114,20 +114,6 @@ const fn elem_bytes<const K: u8>() -> usize {
     }
 }
 
-/// Asks for the `bytes` at `p` (whole cache lines). The AVX-512 kernel asks for the next
-/// block's key and value rows while it works on this block's: at long context a pass
-/// streams the cache from far caches or memory, and with the hardware prefetcher alone
-/// the loads waited (SmolLM2 at 2048 positions: 1-row pass 7.8–10.2 ms before, 5.8–6.8
-/// after). The AVX2 kernel, bound by its arithmetic here, measured no gain and does not.
-/// A prefetch reads nothing and never faults.
-#[inline(always)]
-fn prefetch_bytes(p: *const u8, bytes: usize) {
-    for line in (0..bytes).step_by(64) {
-        // SAFETY: SSE is part of the x86-64 baseline; a prefetch never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8) };
-    }
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
 unsafe fn load16<const K: u8>(base: *const u8, i: usize) -> __m512 {
@@ -246,8 +232,13 @@ unsafe fn group512<const K: u8, const G: usize>(r: &Raw, q: &[f32], out: &mut [f
     let esz = elem_bytes::<K>();
     for d in 0..hd {
         let row = kbase + d * BLOCK;
+        // The next block's key and value rows are asked for while this block's are worked
+        // on: at long context a pass streams the cache from far caches or memory, and
+        // with the hardware prefetcher alone the loads waited (SmolLM2 at 2048 positions:
+        // 1-row pass 7.8–10.2 ms before, 5.8–6.8 after). The AVX2 kernel, bound by its
+        // arithmetic here, measured no gain and does not.
         if r.more {
-            prefetch_bytes(r.keys.wrapping_add((row + hd * BLOCK) * esz), BLOCK * esz);
+            crate::prefetch_bytes(r.keys.wrapping_add((row + hd * BLOCK) * esz), BLOCK * esz);
         }
         // SAFETY: `row + 64 <= (block + 1) · hd · BLOCK <= keys.len()` (checked by `raw`).
         let k = unsafe {
@@ -326,7 +317,7 @@ unsafe fn values512<const K: u8, const G: usize, const NV: usize>(
         let row = (r.t0 + t) * hd + dc;
         if dc == 0 && r.more {
             // The same position of the next block: its whole value row.
-            prefetch_bytes(r.values.wrapping_add((row + BLOCK * hd) * esz), hd * esz);
+            crate::prefetch_bytes(r.values.wrapping_add((row + BLOCK * hd) * esz), hd * esz);
         }
         // SAFETY: `row + 16 · NV <= (t0 + visible) · hd <= values.len()`.
         let v: [__m512; NV] =

@@ -36,12 +36,7 @@ const PREFETCH_GROUPS: usize = 12;
 /// reaches into the next; a prefetch past the matrix is harmless (it never faults).
 #[inline(always)]
 fn prefetch_groups_ahead(p: *const u8, group_bytes: usize) {
-    let ahead = p.wrapping_add(PREFETCH_GROUPS * group_bytes);
-    for line in 0..group_bytes / 64 {
-        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and
-        // never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8) };
-    }
+    crate::prefetch_bytes(p.wrapping_add(PREFETCH_GROUPS * group_bytes), group_bytes);
 }
 
 /// Raw views of input rows `i0 ..` (no bounds checks in the inner loops; every index
