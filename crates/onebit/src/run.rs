@@ -407,9 +407,36 @@ fn show(engine: &Engine, ids: &[u32]) -> String {
 /// A plain and a speculative completion of the same prompt, and what the speculative one
 /// drafted with.
 struct SideBySide {
-    plain: (Vec<u32>, f64),
-    spec: (Vec<u32>, f64, mtp::Stats),
+    plain: (Vec<u32>, Timing),
+    spec: (Vec<u32>, Timing, mtp::Stats),
     prompt: Vec<u32>,
+}
+
+/// When a completion's tokens came: its decode (first token to last: what speculation
+/// makes faster) and its whole time (the prompt's prefill too, the same work in both).
+#[derive(Clone, Copy)]
+struct Timing {
+    decode: f64,
+    total: f64,
+}
+
+impl Timing {
+    fn of(c: &Completion) -> Timing {
+        Timing {
+            decode: c.timings.predicted_ms / 1e3,
+            total: (c.timings.prompt_ms + c.timings.predicted_ms) / 1e3,
+        }
+    }
+
+    /// Decode tokens per second: the tokens after the first over the decode time.
+    fn decode_rate(&self, tokens: usize) -> f64 {
+        tokens.saturating_sub(1) as f64 / self.decode.max(1e-9)
+    }
+
+    /// Tokens per second over the whole time.
+    fn overall_rate(&self, tokens: usize) -> f64 {
+        tokens as f64 / self.total.max(1e-9)
+    }
 }
 
 /// `--oracle RULE`: plain decoding through the engine, then an oracle drafter that
@@ -453,18 +480,21 @@ fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> 
         adaptive,
     };
     let start = Instant::now();
-    let spec = mtp::run(target, Some(&mut head), &prompt, &options, &mut |_| true)?;
-    let spec_secs = start.elapsed().as_secs_f64();
+    let mut first = None;
+    let spec = mtp::run(target, Some(&mut head), &prompt, &options, &mut |_| {
+        first.get_or_insert_with(Instant::now);
+        true
+    })?;
+    let end = Instant::now();
+    let spec_timing = Timing {
+        decode: (end - first.unwrap_or(end)).as_secs_f64(),
+        total: (end - start).as_secs_f64(),
+    };
     Ok(SideBySide {
-        plain: (plain.tokens.clone(), seconds(&plain)),
-        spec: (spec.tokens, spec_secs, spec.stats),
+        plain: (plain.tokens.clone(), Timing::of(&plain)),
+        spec: (spec.tokens, spec_timing, spec.stats),
         prompt,
     })
-}
-
-/// A completion's whole time, prefill included.
-fn seconds(c: &Completion) -> f64 {
-    (c.timings.prompt_ms + c.timings.predicted_ms) / 1e3
 }
 
 /// `--oracle RULE` (`rule`) or `--lookup --compare` (`None`): plain and speculative
@@ -506,8 +536,8 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
                 &CancelFlag::new(),
             )?;
             SideBySide {
-                plain: (plain.tokens.clone(), seconds(&plain)),
-                spec: (spec.tokens.clone(), seconds(&spec), spec.stats),
+                plain: (plain.tokens.clone(), Timing::of(&plain)),
+                spec: (spec.tokens.clone(), Timing::of(&spec), spec.stats),
                 prompt,
             }
         }
@@ -523,12 +553,13 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
     } else {
         format!("k = {}", args.draft_max)
     };
-    let (plain, plain_secs) = &runs.plain;
-    let (spec, spec_secs, stats) = &runs.spec;
+    let (plain, plain_time) = &runs.plain;
+    let (spec, spec_time, stats) = &runs.spec;
     let (p_tps, s_tps) = (
-        plain.len() as f64 / plain_secs,
-        spec.len() as f64 / spec_secs,
+        plain_time.decode_rate(plain.len()),
+        spec_time.decode_rate(spec.len()),
     );
+    let overall = spec_time.overall_rate(spec.len()) / plain_time.overall_rate(plain.len());
     let equal = plain == spec;
     let info = engine.info();
     if args.json {
@@ -540,15 +571,16 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
                 "adaptive": adaptive,
                 "draft_max": args.draft_max,
                 "calibration_seconds": calibration_seconds,
-                "plain": {"tokens": plain, "text": show(&engine, plain), "seconds": plain_secs, "tokens_per_second": p_tps},
-                "speculative": {"tokens": spec, "text": show(&engine, spec), "seconds": spec_secs, "tokens_per_second": s_tps, "stats": stats_json(stats)},
+                "plain": {"tokens": plain, "text": show(&engine, plain), "seconds": plain_time.total, "decode_seconds": plain_time.decode, "tokens_per_second": p_tps},
+                "speculative": {"tokens": spec, "text": show(&engine, spec), "seconds": spec_time.total, "decode_seconds": spec_time.decode, "tokens_per_second": s_tps, "stats": stats_json(stats)},
                 "speedup_vs_plain": s_tps / p_tps,
+                "speedup_vs_plain_with_prefill": overall,
                 "texts_equal": equal,
             })
         );
     } else {
         println!(
-            "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s, {} threads, {} kernel, {} precision)",
+            "── plain greedy decoding ({} tokens, {p_tps:.1} tok/s decode, {} threads, {} kernel, {} precision)",
             plain.len(),
             info.threads,
             info.kernel,
@@ -560,13 +592,13 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
             None => format!("prompt lookup (n-grams up to {}; no model, no oracle)", args.lookup_ngram),
         };
         println!(
-            "── speculative decoding, {k_rule}, drafter: {what} ({} tokens, {s_tps:.1} tok/s, {:.2}x)",
+            "── speculative decoding, {k_rule}, drafter: {what} ({} tokens, {s_tps:.1} tok/s decode, {:.2}x)",
             spec.len(),
             s_tps / p_tps
         );
         println!("{}", show(&engine, spec));
         println!(
-            "── texts equal: {} | speed-up {:.2}x | {}{}",
+            "── texts equal: {} | speed-up {:.2}x decode ({overall:.2}x counting the prompt's prefill, the same in both) | {}{}",
             if equal { "yes" } else { "NO" },
             s_tps / p_tps,
             stats_line(stats),

@@ -86,7 +86,16 @@ fn run_lookup_compare_prints_both_decodings() {
     assert_eq!(v["plain"]["tokens"], v["speculative"]["tokens"]);
     assert_eq!(v["drafter"], "lookup (n-grams up to 4)");
     assert_eq!(v["adaptive"], true);
-    assert!(v["speedup_vs_plain"].as_f64().unwrap() > 0.0);
+    // The speed-up is of decode (first token to last), the prompt's prefill aside;
+    // with the same tokens it is the ratio of the decode times.
+    let secs = |side: &str, key: &str| v[side][key].as_f64().unwrap();
+    let decode = secs("plain", "decode_seconds") / secs("speculative", "decode_seconds");
+    let speedup = v["speedup_vs_plain"].as_f64().unwrap();
+    assert!((speedup / decode - 1.0).abs() < 1e-9, "{speedup} vs {decode}");
+    let overall = secs("plain", "seconds") / secs("speculative", "seconds");
+    let with_prefill = v["speedup_vs_plain_with_prefill"].as_f64().unwrap();
+    assert!((with_prefill / overall - 1.0).abs() < 1e-9, "{with_prefill} vs {overall}");
+    assert!(secs("plain", "seconds") > secs("plain", "decode_seconds"));
     assert!(v["speculative"]["stats"]["k_histogram"].is_array());
     // The terminal form says what it compares.
     let out = onebit()
@@ -123,6 +132,8 @@ fn bench_lookup_compares_with_plain_on_the_same_prompt() {
             "--lookup",
             "--draft-max",
             "4",
+            "--repeat",
+            "2",
             "--model",
         ])
         .arg(fixture("tiny-llama"))
@@ -130,6 +141,7 @@ fn bench_lookup_compares_with_plain_on_the_same_prompt() {
         .unwrap();
     let v = json_of(out);
     assert_eq!(v["drafter"], "lookup");
+    assert_eq!(v["repeat"], 2, "each figure is the fastest of two runs");
     let rows = v["speculative"].as_array().unwrap();
     let rules: Vec<&str> = rows.iter().map(|r| r["k_rule"].as_str().unwrap()).collect();
     assert_eq!(rules, ["adaptive k <= 4", "k = 4"]);
