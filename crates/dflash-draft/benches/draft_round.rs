@@ -94,7 +94,7 @@ fn smollm2(c: &mut Criterion) {
 }
 
 /// The target's embedding and head, as `mtp::PackageHooks` calls them:
-/// `CpuModel::embed`, `CpuModel::proposal_logits` and argmax, on the model's team.
+/// `CpuModel::embed` and `CpuModel::proposal_picks`, on the model's team.
 struct ModelHooks(std::sync::Arc<npu_runtime::CpuModel>);
 
 impl DraftHooks for ModelHooks {
@@ -102,11 +102,7 @@ impl DraftHooks for ModelHooks {
         self.0.embed(tokens).unwrap()
     }
     fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
-        let vocab = self.0.config().vocab_size;
-        let logits = self.0.proposal_logits(hidden, n);
-        (0..n)
-            .map(|i| npu_runtime::argmax(&logits[i * vocab..(i + 1) * vocab]) as u32)
-            .collect()
+        self.0.proposal_picks(hidden, n)
     }
     fn install(&self, f: &mut dyn FnMut()) {
         self.0.install(f)
@@ -190,7 +186,7 @@ fn smollm2_round_and_verify(c: &mut Criterion, smollm2: &std::path::Path) {
         .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
         .collect();
     g.bench_function("head_7_rows", |b| {
-        b.iter(|| model.proposal_logits(&hidden, 7))
+        b.iter(|| model.proposal_picks(&hidden, 7))
     });
     g.finish();
 

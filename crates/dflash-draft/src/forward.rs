@@ -22,7 +22,11 @@
 //! default (repacked at [`DraftModel::weights`], one int8 level of activations), or
 //! in the `q4 × f32` family ([`DraftPrecision::F32`], the reference the z-lab trace
 //! tests use). The draft only steers proposals — verification decides the text — so
-//! its arithmetic changes which tokens are proposed, never which are emitted. A round
+//! its arithmetic changes which tokens are proposed, never which are emitted. At `q8`
+//! the block's attention runs in the target's attention family
+//! ([`kernels::attention::attention_visible`]: every block row sees the whole context and
+//! block, sixteen positions at a time); at `f32`, and wherever a sliding window cuts the
+//! context, it runs [`kernels::attend`], a query at a time. A round
 //! runs inside [`DraftHooks::install`] (the target's thread team) and keeps its rope
 //! tables in the cache, grown with the positions.
 
@@ -410,6 +414,53 @@ fn check_block(c: &DraftConfig, block: &[u32], pos: usize, cache_len: usize) -> 
     Ok(())
 }
 
+/// The draft block's attention a query at a time by [`kernels::attend`] (the `f32`
+/// reference, and the path for a sliding window that cuts the context): row `i` sees
+/// positions `first(i)..total`.
+struct AttendRows<'a> {
+    layer_kv: &'a KvLayer,
+    q: &'a [f32],
+    /// The first row's window start: each kv head's rows are read from here on.
+    from: usize,
+    first: &'a (dyn Fn(usize) -> usize + Sync),
+    total: usize,
+    num_heads: usize,
+    group: usize,
+    hd: usize,
+    scale: f32,
+}
+
+fn attend_rows(a: &AttendRows<'_>, attn: &mut [f32]) {
+    let (hd, qd) = (a.hd, a.num_heads * a.hd);
+    // Each kv head's keys and values from the first row's window start on, as the
+    // row-major f32 rows `attend` reads (read once per kv head through its view; f32
+    // values are the store itself).
+    let rows: Vec<_> = (0..a.layer_kv.kv_heads())
+        .map(|kh| {
+            let view = a.layer_kv.head(kh);
+            let mut keys = Vec::new();
+            view.keys_rows_into(a.from..a.total, &mut keys);
+            (keys, view.values_rows(a.from..a.total))
+        })
+        .collect();
+    // One task per (block row, head): each writes its own head_dim slice.
+    kernels::team::for_each_chunk(attn, hd, |idx, out| {
+        let scores = &mut Vec::new();
+        let (i, head) = (idx / a.num_heads, idx % a.num_heads);
+        let (keys, values) = &rows[head / a.group];
+        let skip = ((a.first)(i) - a.from) * hd;
+        kernels::attend(
+            &a.q[i * qd + head * hd..i * qd + (head + 1) * hd],
+            &keys[skip..],
+            &values[skip..],
+            a.total - (a.first)(i),
+            a.scale,
+            scores,
+            out,
+        );
+    });
+}
+
 /// Runs the block over a cache holding exactly the committed context. The block's keys
 /// and values are appended to the cache for the pass and removed again before it
 /// returns, so the cache keeps only committed positions (and no copy of it is made).
@@ -464,35 +515,36 @@ fn run_block(
             Some(window) => (pos + i + 1).saturating_sub(window).min(cached),
             None => 0,
         };
-        // Each kv head's keys and values from the first row's window start on, as the
-        // row-major f32 rows `attend` reads (read once per kv head through its view;
-        // f32 values are the store itself).
-        let from = first(0);
-        let layer_kv = cache.kv.layer(l);
-        let rows: Vec<_> = (0..c.num_kv_heads)
-            .map(|kh| {
-                let view = layer_kv.head(kh);
-                let mut keys = Vec::new();
-                view.keys_rows_into(from..total, &mut keys);
-                (keys, view.values_rows(from..total))
-            })
-            .collect();
-        // One task per (block row, head): each writes its own head_dim slice.
-        kernels::team::for_each_chunk(&mut attn, hd, |idx, out| {
-            let scores = &mut Vec::new();
-            let (i, head) = (idx / c.num_heads, idx % c.num_heads);
-            let (keys, values) = &rows[head / group];
-            let skip = (first(i) - from) * hd;
-            kernels::attend(
-                &q[i * qd + head * hd..i * qd + (head + 1) * hd],
-                &keys[skip..],
-                &values[skip..],
-                total - first(i),
+        let windowed = (0..b).any(|i| first(i) > 0);
+        if packed.is_some() && !windowed {
+            // Every row sees positions 0..total: the attention family's blocks.
+            kernels::attention::attention_visible(
+                w.kernel,
+                cache.kv.layer(l),
+                &q,
+                b,
+                &|_| total,
+                c.num_heads,
                 scale,
-                scores,
-                out,
+                &mut attn,
+                kernels::attention::Split::Auto,
             );
-        });
+        } else {
+            attend_rows(
+                &AttendRows {
+                    layer_kv: cache.kv.layer(l),
+                    q: &q,
+                    from: first(0),
+                    first: &first,
+                    total,
+                    num_heads: c.num_heads,
+                    group,
+                    hd,
+                    scale,
+                },
+                &mut attn,
+            );
+        }
         let o = match packed {
             Some(p) => {
                 xq.quantize_from(&attn, b, qd);

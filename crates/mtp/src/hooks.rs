@@ -2,19 +2,22 @@
 //! (the shared [`CpuModel`], not the running target, which the loop holds mutably).
 
 use dflash_draft::DraftHooks;
-use npu_runtime::{argmax, CpuModel, CpuOptions, HeadKind, TargetPackage};
+use npu_runtime::{CpuModel, CpuOptions, HeadKind, TargetPackage};
 use std::sync::Arc;
 
-/// Embeds with the target model's embedding and picks `argmax(head(hidden))` with its
-/// head (the same weights the target's own passes read; at `q8x2` over one int8 level
-/// of activations, see [`CpuModel::proposal_logits`]), on the target model's team.
+/// Embeds with the target model's embedding and picks `argmax(head(hidden))` with the
+/// target's head (at `f32` the weights the target's own passes read; at the integer
+/// precisions the package's q4 lm_head tiles over one int8 level of activations, see
+/// [`CpuModel::proposal_logits`]), on the target model's team.
 pub struct PackageHooks {
     model: Arc<CpuModel>,
 }
 
 impl PackageHooks {
-    /// Hooks over a CPU target's shared model (what `CpuTarget::model` returns).
+    /// Hooks over a CPU target's shared model (what `CpuTarget::model` returns); its
+    /// proposal head is built now, not in the first round.
     pub fn for_model(model: Arc<CpuModel>) -> PackageHooks {
+        model.prepare_proposals();
         PackageHooks { model }
     }
 
@@ -49,14 +52,11 @@ impl DraftHooks for PackageHooks {
             .expect("ids clamped to the vocabulary embed")
     }
 
-    /// `argmax` of the head's proposal logits ([`CpuModel::proposal_logits`]: one int8
-    /// level at `q8x2`): the picks only steer proposals, verification decides.
+    /// `argmax` of the head's proposal logits ([`CpuModel::proposal_picks`]: the q4
+    /// tiles over one int8 level at the integer precisions): the picks only steer
+    /// proposals, verification decides.
     fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
-        let vocab = self.model.config().vocab_size;
-        let logits = self.model.proposal_logits(hidden, n);
-        (0..n)
-            .map(|i| argmax(&logits[i * vocab..(i + 1) * vocab]) as u32)
-            .collect()
+        self.model.proposal_picks(hidden, n)
     }
 
     /// The round runs on the target model's thread team.

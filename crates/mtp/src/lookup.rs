@@ -353,12 +353,20 @@ mod tests {
     fn after_an_edit_the_copy_goes_on_past_the_cursor() {
         // The prompt 10 11 12 13 14 11 15, then the answer starts copying it: 10.
         let mut lh = head(&[10, 11, 12, 13, 14, 11, 15, 10], 4);
-        assert_eq!(lh.propose(3), vec![11, 12, 13], "copied from the prompt's start");
+        assert_eq!(
+            lh.propose(3),
+            vec![11, 12, 13],
+            "copied from the prompt's start"
+        );
         assert_eq!(lh.cursor(), None, "no proposal has been followed yet");
         // The target accepts 11 12 and replaces 13 with 99: the cursor goes one past
         // the replaced source token (position 3).
         lh.observe_tokens(&[11, 12, 99]);
-        assert_eq!(lh.propose(2), Vec::<u32>::new(), "99 occurred nowhere before");
+        assert_eq!(
+            lh.propose(2),
+            Vec::<u32>::new(),
+            "99 occurred nowhere before"
+        );
         assert_eq!(lh.cursor(), Some(4));
         // An empty proposal leaves the cursor alone. After 14 the copy goes on.
         lh.observe_tokens(&[14]);

@@ -2,7 +2,7 @@
 
 use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
@@ -51,6 +51,33 @@ fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> 
         out.extend_from_slice(&y[i * stride + range.start..i * stride + range.end]);
     }
     out
+}
+
+/// The first index of the largest value (NaN never largest; 0 when there is no
+/// number): the maximum by lanes (an exact operation, so its order is free and it
+/// vectorizes), then the first position holding it.
+fn first_max(values: &[f32]) -> usize {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    // The chunk holding it first (each chunk's test has no early exit, so it
+    // vectorizes), then the position inside that chunk.
+    values
+        .chunks(LANES)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |hit, &x| hit | (x == max)))
+        .and_then(|(k, c)| c.iter().position(|&x| x == max).map(|j| k * LANES + j))
+        .unwrap_or(0)
 }
 
 self_cell::self_cell!(
@@ -107,6 +134,10 @@ pub struct CpuModel {
     /// The head's packed form for the head and precision in use, built at load.
     head_tiles_q8: Option<PackedQ4>,
     head_int8: Option<I8Matrix>,
+    /// The lm_head tiles packed for a drafter's proposals when the head in use is
+    /// another (the int8 or BF16 embedding): built on first use
+    /// ([`CpuModel::prepare_proposals`]), so a model that never drafts never holds them.
+    proposal_tiles: OnceLock<PackedQ4>,
     /// The thread team every pass runs on: its workers spin briefly between the ~150
     /// parallel regions of a step instead of sleeping (`kernels::team`). Sessions on
     /// several threads take turns on it region by region.
@@ -173,6 +204,7 @@ impl CpuModel {
             packed,
             head_tiles_q8,
             head_int8,
+            proposal_tiles: OnceLock::new(),
             team,
         }))
     }
@@ -264,12 +296,69 @@ impl CpuModel {
         self.team.install(|| self.head_in_pool(hidden, n))
     }
 
-    /// Logits to propose from, not to decide with (a drafter's picks): at `Q8x2`, the
-    /// head over one int8 level of activations (half its integer work); otherwise
-    /// [`CpuModel::logits`]. On the model's team.
+    /// Logits to propose from, not to decide with (a drafter's picks). At the integer
+    /// precisions: the package's q4 lm_head tiles over one int8 level of activations,
+    /// whatever head the passes use. A round scoring 7 drafted rows streams the whole
+    /// head, and the tiles are half the bytes of the int8 embedding (their picks can
+    /// differ where two logits nearly tie; verification decides every token either
+    /// way). At `f32`, [`CpuModel::logits`] (the reference arithmetic). On the model's
+    /// team.
     pub fn proposal_logits(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        let levels = self.precision.levels().map(|_| q8::Levels::One);
-        self.team.install(|| self.head_levels(hidden, n, levels))
+        let v = self.config.vocab_size;
+        match self.proposal_rows(hidden, n) {
+            (y, stride) if stride == v => y,
+            (y, stride) => gather(&y, n, stride, 0..v),
+        }
+    }
+
+    /// [`CpuModel::proposal_logits`] as computed: `n` rows of `stride` values, each
+    /// row's logits first.
+    fn proposal_rows(&self, hidden: &[f32], n: usize) -> (Vec<f32>, usize) {
+        if self.precision.levels().is_none() {
+            return (self.logits(hidden, n), self.config.vocab_size);
+        }
+        let tiles = self.proposal_head();
+        let h = self.config.hidden_size;
+        let y = self.team.install(|| {
+            let mut x = QuantizedRows::default();
+            x.quantize_levels(hidden, n, h, q8::Levels::One);
+            q8::matmul_q4_levels(tiles, &x, q8::Levels::One, self.kernel)
+        });
+        (y, tiles.stride())
+    }
+
+    /// `argmax` of each row's [`CpuModel::proposal_logits`] (the first index of the
+    /// largest value, NaN never largest; 0 when a row has no number), without copying
+    /// the logits out: what a drafter's picks need. The rows' searches run on the team.
+    pub fn proposal_picks(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+        let v = self.config.vocab_size;
+        let (logits, stride) = self.proposal_rows(hidden, n);
+        let mut picks = vec![0u32; n];
+        self.team.install(|| {
+            kernels::team::for_each_chunk(&mut picks, 1, |i, pick| {
+                pick[0] = first_max(&logits[i * stride..i * stride + v]) as u32;
+            })
+        });
+        picks
+    }
+
+    /// Builds the proposal head now (packing the lm_head tiles when the head in use is
+    /// not already them), so a drafter's first round does not pay for it. Does nothing
+    /// at `f32`.
+    pub fn prepare_proposals(&self) {
+        if self.precision.levels().is_some() {
+            self.proposal_head();
+        }
+    }
+
+    /// The packed lm_head tiles for proposals: the head's own when it is the tiles.
+    fn proposal_head(&self) -> &PackedQ4 {
+        match &self.head_tiles_q8 {
+            Some(w) => w,
+            None => self
+                .proposal_tiles
+                .get_or_init(|| PackedQ4::new(&self.weights().lm_head)),
+        }
     }
 
     /// Runs `f` with the model's thread team installed on this thread, so the parallel
@@ -606,5 +695,53 @@ impl Forward for CpuTarget {
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
         self.model.logits(hidden, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_max;
+
+    /// The plain definition: the first index whose value is the largest number.
+    fn naive(values: &[f32]) -> usize {
+        let mut best: Option<usize> = None;
+        for (i, &v) in values.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|b| v > values[b]) {
+                best = Some(i);
+            }
+        }
+        best.unwrap_or(0)
+    }
+
+    #[test]
+    fn first_max_is_the_first_index_of_the_largest_number() {
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as u32
+        };
+        for len in [1usize, 2, 15, 16, 17, 33, 100, 1000] {
+            for trial in 0..200 {
+                // A small alphabet makes ties; some NaN and infinities.
+                let values: Vec<f32> = (0..len)
+                    .map(|_| match next() % 20 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 if trial % 7 == 0 => f32::INFINITY,
+                        r => (r % 9) as f32 - 4.0,
+                    })
+                    .collect();
+                assert_eq!(first_max(&values), naive(&values), "{values:?}");
+            }
+        }
+        assert_eq!(first_max(&[f32::NAN, f32::NAN]), 0, "no number: 0");
+        assert_eq!(
+            first_max(&[f32::NAN, 1.0, 3.0, 3.0]),
+            2,
+            "NaN first is skipped"
+        );
+        assert_eq!(first_max(&[f32::NEG_INFINITY; 3]), 0);
     }
 }

@@ -4,7 +4,7 @@
 //! bound of an f64 softmax over the stored keys and values; `exp2` is within its stated
 //! error; bf16 and q8 storage round as documented; `truncate` is exact.
 
-use onebit_kernels::attention::{self, attention_split, exp2, Split, BLOCK};
+use onebit_kernels::attention::{self, attention_split, attention_visible, exp2, Split, BLOCK};
 use onebit_kernels::kv::{KvLayer, KvType};
 use onebit_kernels::team::Team;
 use onebit_kernels::Isa;
@@ -141,6 +141,92 @@ proptest! {
         let n = rows.min(len);
         check(KvType::ALL[kv], kvh, group, hd, len, n, seed);
     }
+}
+
+/// `attention_visible`: each row, whatever it sees (the whole layer, as a DFlash block's
+/// rows do, or any other count), equals a causal 1-row pass over just those positions,
+/// on every variant and split.
+fn check_visible(
+    kv_type: KvType,
+    kvh: usize,
+    group: usize,
+    hd: usize,
+    len: usize,
+    n: usize,
+    seed: u64,
+) {
+    let c = case(kv_type, kvh, group, hd, len, n, seed);
+    let width = c.heads * hd;
+    // Row 0 sees everything; the others a pseudo-random count in 1..=len.
+    let counts: Vec<usize> = (0..n)
+        .map(|i| match i {
+            0 => len,
+            _ => 1 + (seed as usize * 7919 + i * 104_729) % len,
+        })
+        .collect();
+    for isa in isas() {
+        for split in [Split::Rows, Split::Blocks { per: 2 }, Split::Auto] {
+            let mut out = vec![0f32; n * width];
+            attention_visible(
+                isa,
+                &c.layer,
+                &c.queries,
+                n,
+                &|i| counts[i],
+                c.heads,
+                c.scale,
+                &mut out,
+                split,
+            );
+            for (i, &v) in counts.iter().enumerate() {
+                let mut alone = c.layer.clone();
+                alone.truncate(v);
+                let single = Case {
+                    layer: alone,
+                    queries: c.queries[i * width..(i + 1) * width].to_vec(),
+                    n: 1,
+                    p0: v - 1,
+                    heads: c.heads,
+                    scale: c.scale,
+                };
+                assert_bits(
+                    &out[i * width..(i + 1) * width],
+                    &run(&single, Isa::scalar(), Split::Rows),
+                    &format!("{} {split:?}: row {i} seeing {v} of {len}", isa.name()),
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    #[test]
+    fn rows_that_see_any_count_equal_a_causal_row_alone(
+        kv in 0usize..3, kvh in 1usize..4, group in 1usize..4,
+        hd in prop::sample::select(vec![16usize, 64, 40]),
+        len in 1usize..200, rows in 1usize..9, seed in 0u64..1000,
+    ) {
+        check_visible(KvType::ALL[kv], kvh, group, hd, len, rows.min(len), seed);
+    }
+}
+
+#[test]
+#[should_panic(expected = "sees 0 positions")]
+fn a_row_that_sees_nothing_is_refused() {
+    let c = case(KvType::F32, 1, 1, 16, 4, 1, 3);
+    let mut out = vec![0f32; 16];
+    attention_visible(
+        Isa::scalar(),
+        &c.layer,
+        &c.queries,
+        1,
+        &|_| 0,
+        1,
+        c.scale,
+        &mut out,
+        Split::Auto,
+    );
 }
 
 #[test]

@@ -413,9 +413,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                 None => results.push(run),
                 Some(best) => {
                     if run.tokens != best.tokens {
-                        anyhow::bail!(
-                            "bench: {label} gave another text on repetition {rep}"
-                        );
+                        anyhow::bail!("bench: {label} gave another text on repetition {rep}");
                     }
                     if run.secs < best.secs {
                         *best = run;

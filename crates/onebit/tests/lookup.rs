@@ -91,10 +91,16 @@ fn run_lookup_compare_prints_both_decodings() {
     let secs = |side: &str, key: &str| v[side][key].as_f64().unwrap();
     let decode = secs("plain", "decode_seconds") / secs("speculative", "decode_seconds");
     let speedup = v["speedup_vs_plain"].as_f64().unwrap();
-    assert!((speedup / decode - 1.0).abs() < 1e-9, "{speedup} vs {decode}");
+    assert!(
+        (speedup / decode - 1.0).abs() < 1e-9,
+        "{speedup} vs {decode}"
+    );
     let overall = secs("plain", "seconds") / secs("speculative", "seconds");
     let with_prefill = v["speedup_vs_plain_with_prefill"].as_f64().unwrap();
-    assert!((with_prefill / overall - 1.0).abs() < 1e-9, "{with_prefill} vs {overall}");
+    assert!(
+        (with_prefill / overall - 1.0).abs() < 1e-9,
+        "{with_prefill} vs {overall}"
+    );
     assert!(secs("plain", "seconds") > secs("plain", "decode_seconds"));
     assert!(v["speculative"]["stats"]["k_histogram"].is_array());
     // The terminal form says what it compares.

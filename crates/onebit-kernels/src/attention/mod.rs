@@ -217,6 +217,45 @@ pub fn attention_split(
     out: &mut [f32],
     split: Split,
 ) {
+    assert!(
+        layer.len() >= p0 + n,
+        "attention: the layer holds {} positions, the pass needs {}",
+        layer.len(),
+        p0 + n
+    );
+    attention_visible(
+        isa,
+        layer,
+        queries,
+        n,
+        &|i| p0 + i + 1,
+        num_heads,
+        scale,
+        out,
+        split,
+    )
+}
+
+/// Attention of `n` query rows where row `i` sees positions `0..visible(i)` of `layer`
+/// (at least 1, at most `layer.len()`): the causal pass of [`attention_split`] is
+/// `visible(i) = p0 + i + 1`; a DFlash draft block, whose rows all see the whole block,
+/// is `visible(i) = layer.len()`. The bits of a row depend on its query and its visible
+/// positions alone, as stated in the module documentation.
+///
+/// # Panics
+/// If the shapes do not match or a row's visible count is 0 or past the layer's end.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_visible(
+    isa: Isa,
+    layer: &KvLayer,
+    queries: &[f32],
+    n: usize,
+    visible: &(dyn Fn(usize) -> usize + Sync),
+    num_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    split: Split,
+) {
     let (kvh, hd) = (layer.kv_heads(), layer.head_dim());
     assert!(
         kvh > 0 && num_heads.is_multiple_of(kvh),
@@ -228,12 +267,14 @@ pub fn attention_split(
         "attention: queries shape"
     );
     assert_eq!(out.len(), n * num_heads * hd, "attention: output shape");
-    assert!(
-        layer.len() >= p0 + n,
-        "attention: the layer holds {} positions, the pass needs {}",
-        layer.len(),
-        p0 + n
-    );
+    for i in 0..n {
+        let v = visible(i);
+        assert!(
+            (1..=layer.len()).contains(&v),
+            "attention: row {i} sees {v} positions of a layer of {}",
+            layer.len()
+        );
+    }
     if n == 0 {
         return;
     }
@@ -242,7 +283,7 @@ pub fn attention_split(
     let q: Vec<f32> = queries.iter().map(|&v| v * factor).collect();
     let k = kernels(isa, hd);
     let pl = partial_len(hd);
-    let max_blocks = (p0 + n).div_ceil(BLOCK);
+    let max_blocks = (0..n).map(visible).max().unwrap_or(1).div_ceil(BLOCK);
     let split = match split {
         Split::Auto => {
             let threads = crate::team::current_threads();
@@ -266,7 +307,7 @@ pub fn attention_split(
         Split::Auto | Split::Rows => {
             crate::team::for_each_chunk(out, group * hd, |idx, o| {
                 let (i, kh) = (idx / kvh, idx % kvh);
-                let visible = p0 + i + 1;
+                let visible = visible(i);
                 let mut state = vec![0f32; group * pl];
                 let mut part = vec![0f32; group * pl];
                 for b in 0..visible.div_ceil(BLOCK) {
@@ -294,7 +335,7 @@ pub fn attention_split(
             crate::team::for_each_chunk(&mut scratch, task_len, |idx, dst| {
                 let (row_head, c) = (idx / chunks, idx % chunks);
                 let (i, kh) = (row_head / kvh, row_head % kvh);
-                let visible = p0 + i + 1;
+                let visible = visible(i);
                 let blocks = visible.div_ceil(BLOCK);
                 for (j, b) in (c * per..((c + 1) * per).min(blocks)).enumerate() {
                     let vis = (visible - b * BLOCK).min(BLOCK);
@@ -306,7 +347,7 @@ pub fn attention_split(
             let per_row_head = chunks * task_len;
             crate::team::for_each_chunk(out, group * hd, |idx, o| {
                 let i = idx / kvh;
-                let blocks = (p0 + i + 1).div_ceil(BLOCK);
+                let blocks = visible(i).div_ceil(BLOCK);
                 let parts = &scratch[idx * per_row_head..(idx + 1) * per_row_head];
                 let at = |b: usize, g: usize| (b * group + g) * pl;
                 for (g, o) in o.chunks_exact_mut(hd).enumerate() {
