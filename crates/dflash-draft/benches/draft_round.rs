@@ -46,7 +46,7 @@ fn bolt_setup() -> Bolt {
         .map(|i| ((i * 7) % 101) as f32 / 100.0 - 0.5)
         .collect();
     // A context of 256 committed positions, as after a short prompt.
-    let mut base = DraftKvCache::new(&w.config);
+    let mut base = DraftKvCache::for_weights(&w);
     let ctx: Vec<f32> = row.iter().cycle().take(256 * width).cloned().collect();
     base.fold(&w, &ctx, 256).unwrap();
     Bolt {
@@ -142,7 +142,7 @@ fn smollm2_round_and_verify(c: &mut Criterion, smollm2: &std::path::Path) {
         .collect();
     let hooks = ModelHooks(model.clone());
     let block = [7u32, 49151, 49151, 49151, 49151, 49151, 49151, 49151];
-    let mut base = DraftKvCache::new(&w.config);
+    let mut base = DraftKvCache::for_weights(&w);
     let ctx: Vec<f32> = row.iter().cycle().take(256 * width).cloned().collect();
     base.fold(&w, &ctx, 256).unwrap();
 

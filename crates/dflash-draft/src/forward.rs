@@ -278,6 +278,18 @@ impl DraftKvCache {
         DraftKvCache::with_kv_type(config, KvType::F32)
     }
 
+    /// An empty cache for the weights' arithmetic: at [`DraftPrecision::Q8`] bf16 keys
+    /// and values (half the bytes a round's attention reads over the context, as the
+    /// target's default cache), at [`DraftPrecision::F32`] exact f32 storage (the
+    /// reference). [`draft_forward`] and the speculative loop's head both use it.
+    pub fn for_weights(w: &DraftWeights<'_>) -> DraftKvCache {
+        let kv_type = match w.precision() {
+            DraftPrecision::Q8 => KvType::Bf16,
+            DraftPrecision::F32 => KvType::F32,
+        };
+        DraftKvCache::with_kv_type(&w.config, kv_type)
+    }
+
     /// An empty cache for `config` storing keys and values at `kv_type` (converted once,
     /// as each position is folded in, by the target's rules).
     pub fn with_kv_type(config: &DraftConfig, kv_type: KvType) -> DraftKvCache {
@@ -603,7 +615,7 @@ pub fn draft_forward(
     pos: usize,
     hooks: &dyn DraftHooks,
 ) -> Result<DraftOutput> {
-    let mut cache = DraftKvCache::new(&w.config);
+    let mut cache = DraftKvCache::for_weights(w);
     draft_forward_cached(w, &mut cache, committed_tap_rows, n_ctx, block, pos, hooks)
 }
 

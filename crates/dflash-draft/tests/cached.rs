@@ -94,7 +94,7 @@ fn cached_equals_scratch(w: &dflash_draft::DraftWeights) {
     };
     let mut committed: Vec<f32> = (0..5).flat_map(|_| row(&mut rng)).collect();
     let mut new_rows = committed.clone();
-    let mut cache = DraftKvCache::new(&w.config);
+    let mut cache = DraftKvCache::for_weights(w);
     assert!(cache.is_empty());
     assert_eq!(cache.len(), 0);
     for round in 0..30 {
@@ -247,6 +247,11 @@ fn cache_truncate_is_exact_at_every_kv_type() {
         KvType::F32,
         "the default"
     );
+    // The loop's cache follows the arithmetic: bf16 at q8, exact storage at the f32
+    // reference.
+    assert_eq!(DraftKvCache::for_weights(&w).kv_type(), KvType::Bf16);
+    let reference = draft.reference_weights().unwrap();
+    assert_eq!(DraftKvCache::for_weights(&reference).kv_type(), KvType::F32);
     let width = w.config.context_width();
     let len = 150;
     let context = rows(len, width, 41);

@@ -34,7 +34,7 @@ impl<'w, 'a> DFlashHead<'w, 'a> {
         sink: TapSink,
     ) -> DFlashHead<'w, 'a> {
         DFlashHead {
-            cache: DraftKvCache::new(&weights.config),
+            cache: DraftKvCache::for_weights(weights),
             weights,
             hooks,
             sink,
@@ -114,7 +114,7 @@ impl DraftHead for DFlashHead<'_, '_> {
     }
 
     fn reset(&mut self) {
-        self.cache = DraftKvCache::new(&self.weights.config);
+        self.cache = DraftKvCache::for_weights(self.weights);
         self.mark = None;
         self.error = None;
     }
