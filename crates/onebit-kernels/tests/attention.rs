@@ -146,16 +146,8 @@ proptest! {
 /// `attention_visible`: each row, whatever it sees (the whole layer, as a DFlash block's
 /// rows do, or any other count), equals a causal 1-row pass over just those positions,
 /// on every variant and split.
-fn check_visible(
-    kv_type: KvType,
-    kvh: usize,
-    group: usize,
-    hd: usize,
-    len: usize,
-    n: usize,
-    seed: u64,
-) {
-    let c = case(kv_type, kvh, group, hd, len, n, seed);
+fn check_visible(c: &Case, seed: u64) {
+    let (hd, len, n) = (c.layer.head_dim(), c.layer.len(), c.n);
     let width = c.heads * hd;
     // Row 0 sees everything; the others a pseudo-random count in 1..=len.
     let counts: Vec<usize> = (0..n)
@@ -207,7 +199,7 @@ proptest! {
         hd in prop::sample::select(vec![16usize, 64, 40]),
         len in 1usize..200, rows in 1usize..9, seed in 0u64..1000,
     ) {
-        check_visible(KvType::ALL[kv], kvh, group, hd, len, rows.min(len), seed);
+        check_visible(&case(KvType::ALL[kv], kvh, group, hd, len, rows.min(len), seed), seed);
     }
 }
 
