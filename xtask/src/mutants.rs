@@ -522,10 +522,10 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "proposal-argmax-takes-the-last-of-tied-maxima",
-        file: "crates/npu-runtime/src/cpu.rs",
+        file: "crates/onebit-kernels/src/elementwise.rs",
         find: ".and_then(|(k, c)| c.iter().position(|&x| x == max)",
         replace: ".and_then(|(k, c)| c.iter().rposition(|&x| x == max)",
-        tests: &["-p", "npu-runtime", "--lib", "first_max"],
+        tests: &["-p", "onebit-kernels", "--test", "elementwise"],
         also: None,
         requires: &[],
     },

@@ -53,33 +53,6 @@ fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> 
     out
 }
 
-/// The first index of the largest value (NaN never largest; 0 when there is no
-/// number): the maximum by lanes (an exact operation, so its order is free and it
-/// vectorizes), then the first position holding it.
-fn first_max(values: &[f32]) -> usize {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &x) in lanes.iter_mut().zip(c) {
-            *m = m.max(x);
-        }
-    }
-    let max = tail
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    // The chunk holding it first (each chunk's test has no early exit, so it
-    // vectorizes), then the position inside that chunk.
-    values
-        .chunks(LANES)
-        .enumerate()
-        .find(|(_, c)| c.iter().fold(false, |hit, &x| hit | (x == max)))
-        .and_then(|(k, c)| c.iter().position(|&x| x == max).map(|j| k * LANES + j))
-        .unwrap_or(0)
-}
-
 self_cell::self_cell!(
     /// A package together with the checked views into its mapped file, so a model can
     /// own both (the views borrow the mapping, which the `Arc` keeps in place).
@@ -336,7 +309,10 @@ impl CpuModel {
         let mut picks = vec![0u32; n];
         self.team.install(|| {
             kernels::team::for_each_chunk(&mut picks, 1, |i, pick| {
-                pick[0] = first_max(&logits[i * stride..i * stride + v]) as u32;
+                pick[0] = kernels::elementwise::first_max(
+                    self.kernel,
+                    &logits[i * stride..i * stride + v],
+                ) as u32;
             })
         });
         picks
@@ -695,53 +671,5 @@ impl Forward for CpuTarget {
 
     fn lm_head(&self, hidden: &[f32], n: usize) -> Vec<f32> {
         self.model.logits(hidden, n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::first_max;
-
-    /// The plain definition: the first index whose value is the largest number.
-    fn naive(values: &[f32]) -> usize {
-        let mut best: Option<usize> = None;
-        for (i, &v) in values.iter().enumerate() {
-            if !v.is_nan() && best.is_none_or(|b| v > values[b]) {
-                best = Some(i);
-            }
-        }
-        best.unwrap_or(0)
-    }
-
-    #[test]
-    fn first_max_is_the_first_index_of_the_largest_number() {
-        let mut state = 7u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 40) as u32
-        };
-        for len in [1usize, 2, 15, 16, 17, 33, 100, 1000] {
-            for trial in 0..200 {
-                // A small alphabet makes ties; some NaN and infinities.
-                let values: Vec<f32> = (0..len)
-                    .map(|_| match next() % 20 {
-                        0 => f32::NAN,
-                        1 => f32::NEG_INFINITY,
-                        2 if trial % 7 == 0 => f32::INFINITY,
-                        r => (r % 9) as f32 - 4.0,
-                    })
-                    .collect();
-                assert_eq!(first_max(&values), naive(&values), "{values:?}");
-            }
-        }
-        assert_eq!(first_max(&[f32::NAN, f32::NAN]), 0, "no number: 0");
-        assert_eq!(
-            first_max(&[f32::NAN, 1.0, 3.0, 3.0]),
-            2,
-            "NaN first is skipped"
-        );
-        assert_eq!(first_max(&[f32::NEG_INFINITY; 3]), 0);
     }
 }

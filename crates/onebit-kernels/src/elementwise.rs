@@ -1,5 +1,65 @@
-//! Element-wise kernels and attention: RMSNorm, rope, SwiGLU, the fixed-order `dot`, and
-//! softmax attention. Each is deterministic per output element.
+//! Element-wise kernels and attention: RMSNorm, rope, SwiGLU, the fixed-order `dot`,
+//! softmax attention, and `first_max` (a drafter's argmax). Each is deterministic per
+//! output element.
+
+use crate::isa::Isa;
+
+/// The first index of the largest value (NaN never largest; 0 when there is no number),
+/// compiled for `isa` (every compilation gives the same index: the maximum and the
+/// comparisons are exact). What a drafter's picks need from a row of logits.
+pub fn first_max(isa: Isa, values: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx512() {
+            // SAFETY: detection found avx512f/bw/vl (with avx2 and fma).
+            return unsafe { first_max_avx512(values) };
+        }
+        if isa.avx2() {
+            // SAFETY: detection found avx2 and fma.
+            return unsafe { first_max_avx2(values) };
+        }
+    }
+    let _ = isa;
+    first_max_body(values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn first_max_avx512(values: &[f32]) -> usize {
+    first_max_body(values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn first_max_avx2(values: &[f32]) -> usize {
+    first_max_body(values)
+}
+
+/// The maximum by lanes (an exact operation, so its order is free and it vectorizes),
+/// then the first chunk holding it (each chunk's test has no early exit, so it
+/// vectorizes too), then the position inside that chunk.
+#[inline(always)]
+fn first_max_body(values: &[f32]) -> usize {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    values
+        .chunks(LANES)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |hit, &x| hit | (x == max)))
+        .and_then(|(k, c)| c.iter().position(|&x| x == max).map(|j| k * LANES + j))
+        .unwrap_or(0)
+}
 
 /// `out = x / sqrt(mean(x²) + eps) * gain`, one row at a time, sums in index order.
 pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {

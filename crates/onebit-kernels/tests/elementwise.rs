@@ -43,3 +43,63 @@ fn swiglu_refuses_inputs_of_different_lengths() {
     let mut gate = vec![0f32; 10];
     swiglu(&mut gate, &[0f32; 9]);
 }
+
+/// The plain definition: the first index whose value is the largest number.
+fn first_max_definition(values: &[f32]) -> usize {
+    let mut best: Option<usize> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|b| v > values[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0)
+}
+
+#[test]
+fn first_max_is_the_first_index_of_the_largest_number_on_every_isa() {
+    use onebit_kernels::elementwise::first_max;
+    use onebit_kernels::Isa;
+    let mut state = 7u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 40) as u32
+    };
+    let isas = Isa::available();
+    eprintln!(
+        "first_max compiled for: {}",
+        isas.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ")
+    );
+    for len in [1usize, 2, 15, 16, 17, 33, 100, 1000] {
+        for trial in 0..200 {
+            // A small alphabet makes ties; some NaN and infinities.
+            let values: Vec<f32> = (0..len)
+                .map(|_| match next() % 20 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 if trial % 7 == 0 => f32::INFINITY,
+                    r => (r % 9) as f32 - 4.0,
+                })
+                .collect();
+            for &isa in &isas {
+                assert_eq!(
+                    first_max(isa, &values),
+                    first_max_definition(&values),
+                    "{}: {values:?}",
+                    isa.name()
+                );
+            }
+        }
+    }
+    for &isa in &isas {
+        assert_eq!(first_max(isa, &[f32::NAN, f32::NAN]), 0, "no number: 0");
+        assert_eq!(
+            first_max(isa, &[f32::NAN, 1.0, 3.0, 3.0]),
+            2,
+            "NaN first is skipped"
+        );
+        assert_eq!(first_max(isa, &[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(first_max(isa, &[]), 0, "empty: 0");
+    }
+}
