@@ -256,8 +256,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-block-attention-causal",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "            a.total - (a.first)(i),",
-        replace: "            a.total - (a.first)(i) - (a.q.len() / qd - 1 - i),",
+        find: "            total - first(i),",
+        replace: "            total - first(i) - (q.len() / qd - 1 - i),",
         tests: &["-p", "dflash-draft", "--test", "reference"],
         also: None,
         requires: &[],
@@ -496,8 +496,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "lookup-proposes-from-the-wrong-offset",
         file: "crates/mtp/src/lookup.rs",
-        find: "let at = follow + j;",
-        replace: "let at = follow + j - 1;",
+        find: "(0..k).map(|j| self.copied(follow, j, len))",
+        replace: "(0..k).map(|j| self.copied(follow - 1, j, len))",
         tests: &["-p", "mtp", "--lib", "--test", "lookup"],
         also: None,
         requires: &[],
@@ -587,7 +587,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-rows-read-keys-from-the-first-rows-window",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "let skip = ((a.first)(i) - a.from) * hd;",
+        find: "let skip = (first(i) - from) * hd;",
         replace: "let skip = 0;",
         tests: &["-p", "dflash-draft", "--test", "cached"],
         also: None,

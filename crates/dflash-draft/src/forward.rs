@@ -427,46 +427,43 @@ fn check_block(c: &DraftConfig, block: &[u32], pos: usize, cache_len: usize) -> 
 }
 
 /// The draft block's attention a query at a time by [`kernels::attend`] (the `f32`
-/// reference, and the path for a sliding window that cuts the context): row `i` sees
-/// positions `first(i)..total`.
-struct AttendRows<'a> {
-    layer_kv: &'a KvLayer,
-    q: &'a [f32],
-    /// The first row's window start: each kv head's rows are read from here on.
-    from: usize,
-    first: &'a (dyn Fn(usize) -> usize + Sync),
-    total: usize,
+/// reference, and the path for a sliding window that cuts the context): block row `i`
+/// of `q` (`num_heads` heads) sees positions `first(i)..total` of `layer`.
+fn attend_rows(
+    layer: &KvLayer,
+    q: &[f32],
     num_heads: usize,
-    group: usize,
-    hd: usize,
+    first: &(dyn Fn(usize) -> usize + Sync),
+    total: usize,
     scale: f32,
-}
-
-fn attend_rows(a: &AttendRows<'_>, attn: &mut [f32]) {
-    let (hd, qd) = (a.hd, a.num_heads * a.hd);
+    attn: &mut [f32],
+) {
+    let hd = layer.head_dim();
+    let (qd, group) = (num_heads * hd, num_heads / layer.kv_heads());
     // Each kv head's keys and values from the first row's window start on, as the
     // row-major f32 rows `attend` reads (read once per kv head through its view; f32
     // values are the store itself).
-    let rows: Vec<_> = (0..a.layer_kv.kv_heads())
+    let from = first(0);
+    let rows: Vec<_> = (0..layer.kv_heads())
         .map(|kh| {
-            let view = a.layer_kv.head(kh);
+            let view = layer.head(kh);
             let mut keys = Vec::new();
-            view.keys_rows_into(a.from..a.total, &mut keys);
-            (keys, view.values_rows(a.from..a.total))
+            view.keys_rows_into(from..total, &mut keys);
+            (keys, view.values_rows(from..total))
         })
         .collect();
     // One task per (block row, head): each writes its own head_dim slice.
     kernels::team::for_each_chunk(attn, hd, |idx, out| {
         let scores = &mut Vec::new();
-        let (i, head) = (idx / a.num_heads, idx % a.num_heads);
-        let (keys, values) = &rows[head / a.group];
-        let skip = ((a.first)(i) - a.from) * hd;
+        let (i, head) = (idx / num_heads, idx % num_heads);
+        let (keys, values) = &rows[head / group];
+        let skip = (first(i) - from) * hd;
         kernels::attend(
-            &a.q[i * qd + head * hd..i * qd + (head + 1) * hd],
+            &q[i * qd + head * hd..i * qd + (head + 1) * hd],
             &keys[skip..],
             &values[skip..],
-            a.total - (a.first)(i),
-            a.scale,
+            total - first(i),
+            scale,
             scores,
             out,
         );
@@ -486,7 +483,7 @@ fn run_block(
 ) -> DraftOutput {
     let c = &w.config;
     let (h, hd, b) = (c.hidden_size, c.head_dim, block.len());
-    let (qd, group) = (c.num_heads * hd, c.num_heads / c.num_kv_heads);
+    let qd = c.num_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut x = hooks.embed(block);
     if c.embedding_scale != 1.0 {
@@ -543,17 +540,12 @@ fn run_block(
             );
         } else {
             attend_rows(
-                &AttendRows {
-                    layer_kv: cache.kv.layer(l),
-                    q: &q,
-                    from: first(0),
-                    first: &first,
-                    total,
-                    num_heads: c.num_heads,
-                    group,
-                    hd,
-                    scale,
-                },
+                cache.kv.layer(l),
+                &q,
+                c.num_heads,
+                &first,
+                total,
+                scale,
                 &mut attn,
             );
         }

@@ -181,17 +181,7 @@ impl LookupHead {
                 source: follow,
                 at_len: len,
             });
-            let mut drafts = Vec::with_capacity(k);
-            for j in 0..k {
-                let at = follow + j;
-                let t = if at < len {
-                    self.history[at]
-                } else {
-                    drafts[at - len]
-                };
-                drafts.push(t);
-            }
-            return drafts;
+            return (0..k).map(|j| self.copied(follow, j, len)).collect();
         }
         Vec::new()
     }

@@ -44,6 +44,15 @@ impl Q8Projector {
     }
 }
 
+/// The first `width` values of each of `n` rows of `stride` values: `y` itself when the
+/// rows are exactly that wide (a head whose vocabulary fills its last block), else a copy.
+fn leading_columns(y: Vec<f32>, n: usize, stride: usize, width: usize) -> Vec<f32> {
+    match stride == width {
+        true => y,
+        false => gather(&y, n, stride, 0..width),
+    }
+}
+
 /// Rows `range` of every one of `n` output rows of `stride` values.
 fn gather(y: &[f32], n: usize, stride: usize, range: std::ops::Range<usize>) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * range.len());
@@ -277,11 +286,8 @@ impl CpuModel {
     /// way). At `f32`, [`CpuModel::logits`] (the reference arithmetic). On the model's
     /// team.
     pub fn proposal_logits(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        let v = self.config.vocab_size;
-        match self.proposal_rows(hidden, n) {
-            (y, stride) if stride == v => y,
-            (y, stride) => gather(&y, n, stride, 0..v),
-        }
+        let (y, stride) = self.proposal_rows(hidden, n);
+        leading_columns(y, n, stride, self.config.vocab_size)
     }
 
     /// [`CpuModel::proposal_logits`] as computed: `n` rows of `stride` values, each
@@ -291,12 +297,9 @@ impl CpuModel {
             return (self.logits(hidden, n), self.config.vocab_size);
         }
         let tiles = self.proposal_head();
-        let h = self.config.hidden_size;
-        let y = self.team.install(|| {
-            let mut x = QuantizedRows::default();
-            x.quantize_levels(hidden, n, h, q8::Levels::One);
-            q8::matmul_q4_levels(tiles, &x, q8::Levels::One, self.kernel)
-        });
+        let y = self
+            .team
+            .install(|| self.tiles_rows(tiles, hidden, n, q8::Levels::One));
         (y, tiles.stride())
     }
 
@@ -351,29 +354,34 @@ impl CpuModel {
 
     /// Logits of `n` final-normed rows with the chosen head, inside the team.
     fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
-        self.head_levels(hidden, n, self.precision.levels())
-    }
-
-    /// [`CpuModel::head_in_pool`] with the integer heads' activations at `levels`.
-    fn head_levels(&self, hidden: &[f32], n: usize, levels: Option<q8::Levels>) -> Vec<f32> {
-        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        let levels = levels.unwrap_or(q8::Levels::One);
-        let quantize = || {
-            let mut x = QuantizedRows::default();
-            x.quantize_levels(hidden, n, h, levels);
-            x
-        };
+        let levels = self.precision.levels().unwrap_or(q8::Levels::One);
         match (&self.head_int8, &self.head_tiles_q8) {
-            (Some(int8), _) => q8::matmul_i8_levels(int8, &quantize(), levels, self.kernel),
+            (Some(int8), _) => {
+                let x = self.quantized(hidden, n, levels);
+                q8::matmul_i8_levels(int8, &x, levels, self.kernel)
+            }
             (None, Some(w)) => {
-                let y = q8::matmul_q4_levels(w, &quantize(), levels, self.kernel);
-                gather(&y, n, w.stride(), 0..v)
+                let y = self.tiles_rows(w, hidden, n, levels);
+                leading_columns(y, n, w.stride(), self.config.vocab_size)
             }
             (None, None) => {
                 self.weights()
                     .head_logits(&self.config, self.head, hidden, n, self.kernel)
             }
         }
+    }
+
+    /// `n` hidden rows quantized at `levels`.
+    fn quantized(&self, hidden: &[f32], n: usize, levels: q8::Levels) -> QuantizedRows {
+        let mut x = QuantizedRows::default();
+        x.quantize_levels(hidden, n, self.config.hidden_size, levels);
+        x
+    }
+
+    /// `n` rows of packed q4 tiles `w` times the hidden rows at `levels`: each row
+    /// `w.stride()` values, the matrix's rows first.
+    fn tiles_rows(&self, w: &PackedQ4, hidden: &[f32], n: usize, levels: q8::Levels) -> Vec<f32> {
+        q8::matmul_q4_levels(w, &self.quantized(hidden, n, levels), levels, self.kernel)
     }
 }
 
