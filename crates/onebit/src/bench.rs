@@ -275,7 +275,7 @@ fn seconds(c: &Completion) -> f64 {
 }
 
 /// Tokens per second of decode: the tokens after the first over [`seconds`].
-fn decode_rate(tokens: usize, seconds: f64) -> f64 {
+pub(crate) fn decode_rate(tokens: usize, seconds: f64) -> f64 {
     tokens.saturating_sub(1) as f64 / seconds.max(1e-9)
 }
 
@@ -387,20 +387,9 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                         },
                         adaptive: None,
                     };
-                    // Timed from the first token, as the completions are.
-                    let mut first: Option<Instant> = None;
-                    let out = mtp::run(
-                        session.target(),
-                        Some(&mut head),
-                        &prompt,
-                        &options,
-                        &mut |_| {
-                            first.get_or_insert_with(Instant::now);
-                            true
-                        },
-                    )?;
-                    let decode = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-                    (decode, out.tokens, out.stats)
+                    let (out, timing) =
+                        crate::run::run_timed(session.target(), &mut head, &prompt, &options)?;
+                    (timing.decode, out.tokens, out.stats)
                 }
             };
             let run = Measured {
@@ -423,21 +412,17 @@ fn speculative(args: &BenchArgs) -> Result<()> {
         }
     }
     let plain_tps = decode_rate(plain.tokens.len(), plain_secs);
-    let results: Vec<(String, f64, Vec<u32>, mtp::Stats)> = results
-        .into_iter()
-        .map(|m| (m.label, m.secs, m.tokens, m.stats))
-        .collect();
     let rows: Vec<_> = results
         .iter()
-        .map(|(k, secs, tokens, stats)| {
-            let tps = decode_rate(tokens.len(), *secs);
+        .map(|m| {
+            let tps = decode_rate(m.tokens.len(), m.secs);
             json!({
-                "k": k.strip_prefix("k = ").and_then(|v| v.parse::<usize>().ok()),
-                "k_rule": k,
+                "k": m.label.strip_prefix("k = ").and_then(|v| v.parse::<usize>().ok()),
+                "k_rule": m.label,
                 "tokens_per_second": tps,
                 "speedup_vs_plain": tps / plain_tps,
-                "text_equals_plain": *tokens == plain.tokens,
-                "stats": onebit_engine::stats_json(stats),
+                "text_equals_plain": m.tokens == plain.tokens,
+                "stats": onebit_engine::stats_json(&m.stats),
             })
         })
         .collect();
@@ -484,24 +469,26 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             args.repeat
         );
         println!("                 k  tok/s  speed-up  accepted/drafted  tokens/round  draft share  text equal");
-        for (k, secs, tokens, s) in &results {
-            let tps = decode_rate(tokens.len(), *secs);
+        for m in &results {
+            let (tps, s) = (decode_rate(m.tokens.len(), m.secs), &m.stats);
             println!(
-                "{k:>18} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>11.1}%  {}",
+                "{:>18} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>11.1}%  {}",
+                m.label,
                 tps / plain_tps,
                 s.accepted,
                 s.drafted,
                 s.tokens_per_round(),
                 100.0 * s.draft_share(),
-                if *tokens == plain.tokens { "yes" } else { "NO" }
+                if m.tokens == plain.tokens {
+                    "yes"
+                } else {
+                    "NO"
+                }
             );
             println!("{:>18} {}", "", onebit_engine::stats_line(s));
         }
     }
-    if results
-        .iter()
-        .any(|(_, _, tokens, _)| *tokens != plain.tokens)
-    {
+    if results.iter().any(|m| m.tokens != plain.tokens) {
         anyhow::bail!("bench: speculative text differs from plain text");
     }
     Ok(())

@@ -415,8 +415,8 @@ struct SideBySide {
 /// When a completion's tokens came: its decode (first token to last: what speculation
 /// makes faster) and its whole time (the prompt's prefill too, the same work in both).
 #[derive(Clone, Copy)]
-struct Timing {
-    decode: f64,
+pub(crate) struct Timing {
+    pub(crate) decode: f64,
     total: f64,
 }
 
@@ -430,7 +430,7 @@ impl Timing {
 
     /// Decode tokens per second: the tokens after the first over the decode time.
     fn decode_rate(&self, tokens: usize) -> f64 {
-        tokens.saturating_sub(1) as f64 / self.decode.max(1e-9)
+        crate::bench::decode_rate(tokens, self.decode)
     }
 
     /// Tokens per second over the whole time.
@@ -479,22 +479,34 @@ fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> 
         sampling: sampling_config(args),
         adaptive,
     };
-    let start = Instant::now();
-    let mut first = None;
-    let spec = mtp::run(target, Some(&mut head), &prompt, &options, &mut |_| {
-        first.get_or_insert_with(Instant::now);
-        true
-    })?;
-    let end = Instant::now();
-    let spec_timing = Timing {
-        decode: (end - first.unwrap_or(end)).as_secs_f64(),
-        total: (end - start).as_secs_f64(),
-    };
+    let (spec, spec_timing) = run_timed(target, &mut head, &prompt, &options)?;
     Ok(SideBySide {
         plain: (plain.tokens.clone(), Timing::of(&plain)),
         spec: (spec.tokens, spec_timing, spec.stats),
         prompt,
     })
+}
+
+/// `mtp::run` with `head`, timed as the engine times a completion: decode from the first
+/// token (which the prefill gives) to the last, and the whole run.
+pub(crate) fn run_timed(
+    target: &mut dyn npu_runtime::Forward,
+    head: &mut dyn mtp::DraftHead,
+    prompt: &[u32],
+    options: &mtp::RunOptions,
+) -> Result<(mtp::RunOutput, Timing)> {
+    let start = Instant::now();
+    let mut first = None;
+    let out = mtp::run(target, Some(head), prompt, options, &mut |_| {
+        first.get_or_insert_with(Instant::now);
+        true
+    })?;
+    let end = Instant::now();
+    let timing = Timing {
+        decode: (end - first.unwrap_or(end)).as_secs_f64(),
+        total: (end - start).as_secs_f64(),
+    };
+    Ok((out, timing))
 }
 
 /// `--oracle RULE` (`rule`) or `--lookup --compare` (`None`): plain and speculative
