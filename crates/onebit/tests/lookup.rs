@@ -179,6 +179,24 @@ fn lookup_options_are_checked() {
     }
 }
 
+/// `bench --repeat` takes 1 to 100 repetitions and says so.
+#[test]
+fn bench_repeat_is_checked() {
+    for bad in ["0", "101"] {
+        let out = onebit()
+            .args(["bench", "--lookup", "--repeat", bad, "--model"])
+            .arg(fixture("tiny-llama"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--repeat {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--repeat") && err.contains(bad),
+            "--repeat {bad}: {err}"
+        );
+    }
+}
+
 /// Lookup keeps sampling lossless: with the same seed its tokens are plain sampling's
 /// (every emitted token is one draw from the target, in order); and it runs on the
 /// simulated NPU backend with the CPU backend's text.
