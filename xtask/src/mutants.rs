@@ -583,6 +583,24 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    Mutant {
+        name: "calibration-times-the-cold-passes",
+        file: "crates/mtp/src/adaptive.rs",
+        find: "while warm_up.len() < WARM_UP_MAX_PASSES && !warmed_up(&warm_up) {",
+        replace: "while warm_up.len() < WARM_UP_MAX_PASSES && warm_up.is_empty() {",
+        tests: &["-p", "mtp", "--test", "adaptive"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "warm-up-settles-before-the-plateau",
+        file: "crates/mtp/src/adaptive.rs",
+        find: "recent.iter().all(|&t| t >= best * (1.0 - WARM_UP_GAIN))",
+        replace: "recent.iter().all(|&t| t >= best * (1.0 - WARM_UP_GAIN) || t > 0.0)",
+        tests: &["-p", "mtp", "--test", "adaptive"],
+        also: None,
+        requires: &[],
+    },
     // The draft's context in the shared KV layout: each block row's own window start.
     Mutant {
         name: "draft-rows-read-keys-from-the-first-rows-window",

@@ -119,9 +119,37 @@ impl PassCosts {
     }
 }
 
-/// Times target passes of 1, 2, 4, 8, ... and `max_rows` rows (best of `reps` each,
-/// after one untimed warm-up pass) and rolls the target back to where it was; the rows
-/// between are interpolated until the run times them. Run it before a drafter's layer taps are set: the passes would write tap rows.
+/// Rounds of timed passes a calibration takes by default (each row count keeps its best).
+pub const CALIBRATION_ROUNDS: usize = 3;
+/// Untimed 1-row passes at most before calibrating, however unsettled the timings.
+pub const WARM_UP_MAX_PASSES: usize = 32;
+/// Warm-up passes in a row that must bring no new best before timing starts.
+pub const WARM_UP_SETTLED: usize = 3;
+/// What counts as a new best: a pass this much faster than every one before it.
+pub const WARM_UP_GAIN: f64 = 0.05;
+
+/// Whether a series of 1-row pass timings has settled: the last [`WARM_UP_SETTLED`]
+/// passes were none of them [`WARM_UP_GAIN`] faster than the best pass before them.
+pub fn warmed_up(timings: &[f64]) -> bool {
+    if timings.len() <= WARM_UP_SETTLED {
+        return false;
+    }
+    let (before, recent) = timings.split_at(timings.len() - WARM_UP_SETTLED);
+    let best = before.iter().copied().fold(f64::INFINITY, f64::min);
+    recent.iter().all(|&t| t >= best * (1.0 - WARM_UP_GAIN))
+}
+
+/// Times target passes of 1, 2, 4, 8, ... and `max_rows` rows and rolls the target
+/// back to where it was; the rows between are interpolated until the run times them.
+///
+/// The first passes after a load (or a long prefill) are slow: on the session-9 Xeon
+/// the first 1-row passes of a process took 5.5-6.5 ms and settled at 3.0 ms over
+/// about ten passes, while the weights came back into the cache. Timed then, a 1-row
+/// pass looked almost as dear as a 4-row one and the choice of k followed a cost curve
+/// that was not there. So 1-row passes run untimed until their timings settle
+/// ([`warmed_up`], at most [`WARM_UP_MAX_PASSES`]); then `reps` rounds each time every
+/// row count once (interleaved, so drift weighs on all alike) and each keeps its best.
+/// Run it before a drafter's layer taps are set: the passes would write tap rows.
 pub fn calibrate(
     base: &mut dyn Forward,
     max_rows: usize,
@@ -136,21 +164,27 @@ pub fn calibrate(
     if (1..=MAX_TRACKED_ROWS).contains(&max_rows) && !rows.contains(&max_rows) {
         rows.push(max_rows);
     }
-    base.forward(&[token])?;
-    base.truncate(start)?;
-    let mut points = Vec::new();
-    for n in rows {
-        let batch = vec![token; n];
-        let mut best = f64::INFINITY;
-        for _ in 0..reps.max(1) {
-            let t = Instant::now();
-            base.forward(&batch)?;
-            best = best.min(t.elapsed().as_secs_f64());
-            base.truncate(start)?;
-        }
-        points.push((n, best));
+    let mut warm_up = Vec::new();
+    while warm_up.len() < WARM_UP_MAX_PASSES && !warmed_up(&warm_up) {
+        warm_up.push(timed_pass(base, &[token], start)?);
     }
+    let mut best = vec![f64::INFINITY; rows.len()];
+    for _ in 0..reps.max(1) {
+        for (n, best) in rows.iter().zip(best.iter_mut()) {
+            *best = best.min(timed_pass(base, &vec![token; *n], start)?);
+        }
+    }
+    let points: Vec<(usize, f64)> = rows.into_iter().zip(best).collect();
     Ok(PassCosts::from_points(&points))
+}
+
+/// Seconds of one pass over `batch`, rolled back to `start` after.
+fn timed_pass(base: &mut dyn Forward, batch: &[u32], start: usize) -> Result<f64, TargetError> {
+    let t = Instant::now();
+    base.forward(batch)?;
+    let seconds = t.elapsed().as_secs_f64();
+    base.truncate(start)?;
+    Ok(seconds)
 }
 
 /// Conditional acceptance by draft position: `p[i]` estimates the chance that the

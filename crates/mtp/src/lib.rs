@@ -37,8 +37,8 @@ mod stats;
 pub mod verify;
 
 pub use adaptive::{
-    best_k, calibrate, expected_accepted, AcceptanceEstimate, AdaptiveConfig, AdaptiveK, Choice,
-    PassCosts,
+    best_k, calibrate, expected_accepted, warmed_up, AcceptanceEstimate, AdaptiveConfig, AdaptiveK,
+    Choice, PassCosts, CALIBRATION_ROUNDS, WARM_UP_GAIN, WARM_UP_MAX_PASSES, WARM_UP_SETTLED,
 };
 pub use dflash::DFlashHead;
 pub use head::DraftHead;

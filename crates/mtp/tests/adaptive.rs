@@ -1,8 +1,14 @@
 //! The adaptive draft length on synthetic costs and acceptance: the choice rule
 //! (`best_k`), the per-run policy (`AdaptiveK`: probes, shadow probes, decay) and the
-//! pass-cost model (`PassCosts`).
+//! pass-cost model (`PassCosts`) and its calibration (`calibrate`, `warmed_up`).
 
-use mtp::{best_k, expected_accepted, AcceptanceEstimate, AdaptiveConfig, AdaptiveK, PassCosts};
+use std::sync::Arc;
+
+use mtp::{
+    best_k, calibrate, expected_accepted, warmed_up, AcceptanceEstimate, AdaptiveConfig, AdaptiveK,
+    PassCosts, WARM_UP_MAX_PASSES, WARM_UP_SETTLED,
+};
+use npu_runtime::{Family, Forward, TapSink, TargetConfig, TargetError};
 
 /// `[n - 1]`: seconds of an n-row pass, `base + per_row * (n - 1)`, n = 1..=rows.
 fn linear(rows: usize, base: f64, per_row: f64) -> Vec<f64> {
@@ -308,5 +314,124 @@ fn probes_of_a_costly_never_right_drafter_stay_within_the_budget() {
     assert!(
         overhead <= 0.0105,
         "probes cost {overhead:.4} of the time: {gaps:?}"
+    );
+}
+
+#[test]
+fn warm_up_waits_for_the_timings_to_settle() {
+    // Too few timings to judge.
+    assert!(!warmed_up(&[]));
+    assert!(!warmed_up(&[3.0; WARM_UP_SETTLED]));
+    // A steady machine settles as soon as there is one pass before the settled ones.
+    assert!(warmed_up(&[3.0; WARM_UP_SETTLED + 1]));
+    // A cold start (the session-9 Xeon's first 1-row passes, ms): each pass is a new
+    // best by more than 5% until the plateau, and the warm-up waits for it.
+    let cold = [6.8, 6.0, 5.4, 4.9, 3.7, 3.3, 3.3, 3.3, 3.2];
+    let settled_at = (1..=cold.len())
+        .find(|&n| warmed_up(&cold[..n]))
+        .expect("the plateau settles");
+    assert_eq!(
+        settled_at, 9,
+        "the first 3.3 is a new best (3.7 before it); three passes within 5% follow it"
+    );
+    assert!(
+        !warmed_up(&cold[..8]),
+        "3.3 after 3.7 is a new best among the last three: not settled"
+    );
+    // Noise above the best does not hold the warm-up back; a new best does.
+    assert!(warmed_up(&[3.0, 3.6, 3.1, 4.0]));
+    assert!(!warmed_up(&[3.0, 3.6, 2.8, 3.0]));
+    // Within 5% of the best is no new best.
+    assert!(warmed_up(&[3.0, 2.9, 2.9, 2.86]));
+}
+
+/// A target that records the row count of every pass (and answers with zero logits).
+struct Recorder {
+    config: Arc<TargetConfig>,
+    position: usize,
+    passes: Vec<usize>,
+}
+
+impl Forward for Recorder {
+    fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+    fn position(&self) -> usize {
+        self.position
+    }
+    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        self.passes.push(tokens.len());
+        self.position += tokens.len();
+        Ok(vec![0.0; tokens.len() * self.config.vocab_size])
+    }
+    fn last_hidden(&self) -> &[f32] {
+        &[]
+    }
+    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
+        if len > self.position {
+            return Err(TargetError::TruncateBeyond {
+                len,
+                position: self.position,
+            });
+        }
+        self.position = len;
+        Ok(())
+    }
+    fn set_layer_taps(&mut self, _: &[usize], _: TapSink) -> npu_runtime::Result<()> {
+        Ok(())
+    }
+    fn clear_layer_taps(&mut self) {}
+    fn embed(&self, _: &[u32]) -> npu_runtime::Result<Vec<f32>> {
+        Ok(Vec::new())
+    }
+    fn lm_head(&self, _: &[f32], _: usize) -> Vec<f32> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn calibration_warms_up_then_times_every_row_count_in_interleaved_rounds() {
+    let config = Arc::new(TargetConfig {
+        family: Family::Llama,
+        vocab_size: 4,
+        hidden_size: 2,
+        intermediate_size: 2,
+        num_layers: 1,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 2,
+        rope_theta: 1.0,
+        rms_eps: 1e-6,
+        max_positions: 1000,
+        tie_word_embeddings: false,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![],
+        chat_template: None,
+        lm_head_requantized: false,
+    });
+    let mut target = Recorder {
+        config,
+        position: 5,
+        passes: Vec::new(),
+    };
+    let costs = calibrate(&mut target, 6, 3).unwrap();
+    assert_eq!(target.position, 5, "every pass is rolled back");
+    assert_eq!(
+        costs.points().iter().map(|p| p.0).collect::<Vec<_>>(),
+        [1, 2, 4, 6]
+    );
+    // Untimed 1-row passes first, as many as the timings need to settle (at least
+    // one before the settled ones, at most the cap) ...
+    let rounds = 3 * 4;
+    let warm_up = target.passes.len() - rounds;
+    assert!(
+        (WARM_UP_SETTLED + 1..=WARM_UP_MAX_PASSES).contains(&warm_up),
+        "{warm_up} warm-up passes"
+    );
+    assert!(target.passes[..warm_up].iter().all(|&n| n == 1));
+    // ... then three rounds, each over every row count.
+    assert_eq!(
+        target.passes[warm_up..],
+        [1, 2, 4, 6, 1, 2, 4, 6, 1, 2, 4, 6]
     );
 }

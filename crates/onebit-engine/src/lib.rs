@@ -255,7 +255,7 @@ impl Engine {
         let (adaptive, calibration_seconds) = if drafting && !config.fixed_k && config.draft_max > 0
         {
             let t = Instant::now();
-            let costs = mtp::calibrate(&mut target, config.draft_max + 1, 1)?;
+            let costs = mtp::calibrate(&mut target, config.draft_max + 1, mtp::CALIBRATION_ROUNDS)?;
             (
                 Some(mtp::AdaptiveConfig {
                     calibration: Some(costs),

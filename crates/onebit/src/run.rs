@@ -464,7 +464,11 @@ fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> 
         None
     } else {
         Some(mtp::AdaptiveConfig {
-            calibration: Some(mtp::calibrate(target, args.draft_max + 1, 1)?),
+            calibration: Some(mtp::calibrate(
+                target,
+                args.draft_max + 1,
+                mtp::CALIBRATION_ROUNDS,
+            )?),
             ..mtp::AdaptiveConfig::default()
         })
     };
