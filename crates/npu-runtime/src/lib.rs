@@ -43,15 +43,12 @@ pub use model::{
     Family, HeadKind, LayerWeights, Precision, TargetConfig, TargetPackage, TargetWeights,
 };
 
-/// Index of the largest value (the first one on ties), or 0 for an empty slice.
+/// Index of the largest number (the first one on ties; NaN is never the largest), or 0
+/// when there is none (an empty or all-NaN slice): greedy decoding's pick, the same
+/// rule as a drafter's ([`kernels::elementwise::first_max`], vectorized for this CPU;
+/// every ISA gives the same index, tested in `onebit-kernels`).
 pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] {
-            best = i;
-        }
-    }
-    best
+    kernels::elementwise::first_max(kernels::isa::Isa::detect(), values)
 }
 
 /// Entry points the fuzzer (`cargo xtask fuzz`) and the property tests share: the
