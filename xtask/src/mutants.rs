@@ -584,6 +584,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "shared-weight-buffer-ranges-all-start-at-zero",
+        file: "crates/onebit-kernels/src/q8/mod.rs",
+        find: "let at = ranges.last().map_or(0, |r: &Range<usize>| r.end);",
+        replace: "let at = ranges.last().map_or(0, |_: &Range<usize>| 0);",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "calibration-times-the-cold-passes",
         file: "crates/mtp/src/adaptive.rs",
         find: "while warm_up.len() < WARM_UP_MAX_PASSES && !warmed_up(&warm_up) {",

@@ -25,6 +25,7 @@ pub mod elementwise;
 pub mod isa;
 pub mod kv;
 pub mod matmul;
+pub mod pages;
 pub mod q8;
 pub mod team;
 

@@ -324,6 +324,65 @@ fn stacking_changes_nothing() {
     }
 }
 
+/// A model's projections packed into one shared buffer ([`PackedQ4::stack_many`]) give
+/// each stack exactly what it gives packed alone, past the 2 MiB at which the buffer is
+/// an anonymous map advised to use huge pages.
+#[test]
+fn packing_many_stacks_into_one_buffer_changes_nothing() {
+    // Differently shaped stacks: 1.5 MB + 1.1 MB + small ones.
+    let shapes = [(96, 576), (40, 576), (1536, 1536), (1024, 1792), (70, 1792)];
+    let tiles: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| encode_q4_1(&values(n * k, i as u64 + 1, 0.2), n, k).unwrap())
+        .collect();
+    let m: Vec<Q4Matrix> = tiles
+        .iter()
+        .zip(shapes)
+        .map(|(t, (n, k))| Q4Matrix::from_bytes("w", t, n, k, Q4Kind::Q4_1).unwrap())
+        .collect();
+    let (a, b, c, d, e) = (&m[0], &m[1], &m[2], &m[3], &m[4]);
+    let stacks: [&[&Q4Matrix]; 4] = [&[a, b], &[c], &[d, e], &[b]];
+    let many = PackedQ4::stack_many(&stacks);
+    assert_eq!(many.len(), stacks.len());
+    let total: usize = many.iter().map(PackedQ4::byte_len).sum();
+    assert!(total > 2 << 20, "the shared buffer is past one huge page: {total} bytes");
+    for (i, (shared, parts)) in many.iter().zip(stacks).enumerate() {
+        let alone = PackedQ4::stack(parts);
+        assert_eq!(shared.byte_len(), alone.byte_len(), "stack {i}");
+        assert_eq!(shared.stride(), alone.stride(), "stack {i}");
+        let k = shared.cols();
+        let x = values(3 * k, 11 + i as u64, 1.0);
+        let xq = QuantizedRows::quantize(&x, 3, k);
+        let mut ys = vec![0f32; 3 * shared.stride()];
+        let mut ya = vec![0f32; 3 * alone.stride()];
+        q8::matmul_q4(shared, &xq, &mut ys, Isa::detect());
+        q8::matmul_q4(&alone, &xq, &mut ya, Isa::detect());
+        assert_eq!(ys, ya, "stack {i}: shared buffer against packed alone");
+    }
+}
+
+#[test]
+fn weight_bytes_are_zeroed_and_large_ones_are_advised_huge() {
+    use onebit_kernels::pages::WeightBytes;
+    let small = WeightBytes::zeroed(1000);
+    assert_eq!(small.len(), 1000);
+    assert!(small.iter().all(|&b| b == 0));
+    assert!(!small.advised_huge(), "below one huge page: the heap");
+    let mut large = WeightBytes::zeroed(5 << 20);
+    assert_eq!(large.len(), 5 << 20);
+    assert!(large.iter().all(|&b| b == 0));
+    if cfg!(target_os = "linux") {
+        assert!(large.advised_huge(), "5 MiB on Linux: an advised map");
+    }
+    large[12345] = 7;
+    let copy = large.clone();
+    assert_eq!(copy.len(), large.len());
+    assert_eq!(copy[12345], 7);
+    assert_eq!(*copy, *large);
+    assert!(WeightBytes::zeroed(0).is_empty());
+}
+
 /// The family against the f32 family on the same weights: int8 activations round each
 /// input by at most half a step (max|x_group| / 254), so each output's error is at
 /// most Σ_c |w_c| · step / 2. Checked per element against that bound (computed here

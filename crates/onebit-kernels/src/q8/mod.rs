@@ -34,6 +34,9 @@ use q4nx_format::{Q4Kind, Q4Matrix, GROUP_COLS, TILE_ROWS};
 use rayon::prelude::*;
 
 use crate::isa::Isa;
+use crate::pages::WeightBytes;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Columns per quantization group (activations and weights alike).
 pub const GROUP: usize = GROUP_COLS;
@@ -446,7 +449,64 @@ pub struct PackedQ4 {
     blocks: usize,
     /// `(rows, first block)` of each stacked matrix.
     parts: Vec<(usize, usize)>,
-    data: Vec<u8>,
+    /// The buffer this matrix shares with the others packed with it ([`stack_many`]),
+    /// and where its bytes are in it.
+    ///
+    /// [`stack_many`]: PackedQ4::stack_many
+    buffer: Arc<WeightBytes>,
+    range: Range<usize>,
+}
+
+/// The shape of one stack: K, blocks, each part's `(rows, first block)`, bytes.
+struct StackLayout {
+    k: usize,
+    blocks: usize,
+    parts: Vec<(usize, usize)>,
+    bytes: usize,
+}
+
+impl StackLayout {
+    /// # Panics
+    /// If the matrices' K differ, K is not a multiple of 32, or the list is empty.
+    fn of(parts: &[&Q4Matrix]) -> StackLayout {
+        assert!(!parts.is_empty(), "q8: nothing to pack");
+        let k = parts[0].cols();
+        assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
+        let mut layout = Vec::new();
+        let mut blocks = 0;
+        for w in parts {
+            assert_eq!(w.cols(), k, "q8: stacked matrices must share K");
+            layout.push((w.rows(), blocks));
+            blocks += w.rows().div_ceil(BLOCK_ROWS);
+        }
+        StackLayout {
+            k,
+            blocks,
+            parts: layout,
+            bytes: blocks * (k / GROUP) * Q4_GROUP_BYTES,
+        }
+    }
+
+    /// Packs `parts` (this layout's matrices) into `data` (`self.bytes` zero bytes).
+    fn pack(&self, parts: &[&Q4Matrix], data: &mut [u8]) {
+        let groups = self.k / GROUP;
+        data.par_chunks_mut(groups * Q4_GROUP_BYTES)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let (part, &(rows, first)) = self
+                    .parts
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .find(|(_, &(_, first))| first <= b)
+                    .expect("block belongs to a part");
+                let w = parts[part];
+                let rb = b - first;
+                for (g, dst) in out.chunks_exact_mut(Q4_GROUP_BYTES).enumerate() {
+                    pack_q4_group(w, rows, rb, g, dst);
+                }
+            });
+    }
 }
 
 impl PackedQ4 {
@@ -460,39 +520,47 @@ impl PackedQ4 {
     /// # Panics
     /// If the matrices' K differ, K is not a multiple of 32, or the list is empty.
     pub fn stack(parts: &[&Q4Matrix]) -> PackedQ4 {
-        assert!(!parts.is_empty(), "q8: nothing to pack");
-        let k = parts[0].cols();
-        assert_eq!(k % GROUP, 0, "q8: K must be a multiple of 32, got {k}");
-        let groups = k / GROUP;
-        let mut layout = Vec::new();
-        let mut blocks = 0;
-        for w in parts {
-            assert_eq!(w.cols(), k, "q8: stacked matrices must share K");
-            layout.push((w.rows(), blocks));
-            blocks += w.rows().div_ceil(BLOCK_ROWS);
+        Self::stack_many(&[parts]).remove(0)
+    }
+
+    /// Repacks each list of `stacks` as [`PackedQ4::stack`] does, all into one buffer:
+    /// a model's projections, one to four MB each, then share huge pages
+    /// ([`WeightBytes`]) that none of them would fill alone. The bytes of each are
+    /// those `stack` gives it.
+    ///
+    /// # Panics
+    /// As [`PackedQ4::stack`], for any of the lists.
+    pub fn stack_many(stacks: &[&[&Q4Matrix]]) -> Vec<PackedQ4> {
+        let layouts: Vec<StackLayout> = stacks.iter().map(|parts| StackLayout::of(parts)).collect();
+        let mut buffer = WeightBytes::zeroed(layouts.iter().map(|l| l.bytes).sum());
+        let mut ranges = Vec::with_capacity(layouts.len());
+        {
+            let mut rest: &mut [u8] = &mut buffer;
+            let mut slices = Vec::with_capacity(layouts.len());
+            for l in &layouts {
+                let at = ranges.last().map_or(0, |r: &Range<usize>| r.end);
+                ranges.push(at..at + l.bytes);
+                let (mine, after) = std::mem::take(&mut rest).split_at_mut(l.bytes);
+                slices.push(mine);
+                rest = after;
+            }
+            slices
+                .into_par_iter()
+                .zip(layouts.par_iter().zip(stacks))
+                .for_each(|(data, (layout, parts))| layout.pack(parts, data));
         }
-        let mut data = vec![0u8; blocks * groups * Q4_GROUP_BYTES];
-        data.par_chunks_mut(groups * Q4_GROUP_BYTES)
-            .enumerate()
-            .for_each(|(b, out)| {
-                let (part, &(rows, first)) = layout
-                    .iter()
-                    .enumerate()
-                    .rev()
-                    .find(|(_, &(_, first))| first <= b)
-                    .expect("block belongs to a part");
-                let w = parts[part];
-                let rb = b - first;
-                for (g, dst) in out.chunks_exact_mut(Q4_GROUP_BYTES).enumerate() {
-                    pack_q4_group(w, rows, rb, g, dst);
-                }
-            });
-        PackedQ4 {
-            k,
-            blocks,
-            parts: layout,
-            data,
-        }
+        let buffer = Arc::new(buffer);
+        layouts
+            .into_iter()
+            .zip(ranges)
+            .map(|(l, range)| PackedQ4 {
+                k: l.k,
+                blocks: l.blocks,
+                parts: l.parts,
+                buffer: buffer.clone(),
+                range,
+            })
+            .collect()
     }
 
     /// Columns (K).
@@ -510,14 +578,14 @@ impl PackedQ4 {
     }
     /// Bytes of packed weights (what one pass streams).
     pub fn byte_len(&self) -> usize {
-        self.data.len()
+        self.range.len()
     }
     pub(crate) fn group_bytes(&self, block: usize, g: usize) -> &[u8] {
         let at = (block * (self.k / GROUP) + g) * Q4_GROUP_BYTES;
-        &self.data[at..at + Q4_GROUP_BYTES]
+        &self.data()[at..at + Q4_GROUP_BYTES]
     }
     pub(crate) fn data(&self) -> &[u8] {
-        &self.data
+        &self.buffer[self.range.clone()]
     }
 }
 
@@ -571,7 +639,7 @@ fn pack_q4_group(w: &Q4Matrix, rows: usize, rb: usize, g: usize, dst: &mut [u8])
 pub struct I8Matrix {
     rows: usize,
     k: usize,
-    data: Vec<u8>,
+    data: WeightBytes,
 }
 
 impl I8Matrix {
@@ -584,7 +652,7 @@ impl I8Matrix {
         assert_eq!(w.len(), rows * k * 2, "q8: BF16 matrix is not rows × K");
         let groups = k / GROUP;
         let blocks = rows.div_ceil(I8_BLOCK_ROWS);
-        let mut data = vec![0u8; blocks * groups * I8_GROUP_BYTES];
+        let mut data = WeightBytes::zeroed(blocks * groups * I8_GROUP_BYTES);
         data.par_chunks_mut(groups * I8_GROUP_BYTES)
             .enumerate()
             .for_each(|(b, out)| {
