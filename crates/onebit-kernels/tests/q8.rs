@@ -346,7 +346,10 @@ fn packing_many_stacks_into_one_buffer_changes_nothing() {
     let many = PackedQ4::stack_many(&stacks);
     assert_eq!(many.len(), stacks.len());
     let total: usize = many.iter().map(PackedQ4::byte_len).sum();
-    assert!(total > 2 << 20, "the shared buffer is past one huge page: {total} bytes");
+    assert!(
+        total > 2 << 20,
+        "the shared buffer is past one huge page: {total} bytes"
+    );
     for (i, (shared, parts)) in many.iter().zip(stacks).enumerate() {
         let alone = PackedQ4::stack(parts);
         assert_eq!(shared.byte_len(), alone.byte_len(), "stack {i}");
