@@ -147,16 +147,33 @@ impl DraftModel {
             });
         let packed = match integer {
             false => Vec::new(),
-            true => layers
-                .iter()
-                .map(|l| PackedLayer {
-                    q: PackedQ4::new(&l.q),
-                    kv: PackedQ4::stack(&[&l.k, &l.v]),
-                    o: PackedQ4::new(&l.o),
-                    gate_up: PackedQ4::stack(&[&l.gate, &l.up]),
-                    down: PackedQ4::new(&l.down),
-                })
-                .collect(),
+            true => {
+                // Every layer in one buffer, so the projections share huge pages.
+                let stacks: Vec<Vec<&Q4Matrix>> = layers
+                    .iter()
+                    .flat_map(|l| {
+                        [
+                            vec![&l.q],
+                            vec![&l.k, &l.v],
+                            vec![&l.o],
+                            vec![&l.gate, &l.up],
+                            vec![&l.down],
+                        ]
+                    })
+                    .collect();
+                let lists: Vec<&[&Q4Matrix]> = stacks.iter().map(Vec::as_slice).collect();
+                let mut packed = PackedQ4::stack_many(&lists).into_iter();
+                let mut next = || packed.next().expect("five stacks per layer");
+                (0..layers.len())
+                    .map(|_| PackedLayer {
+                        q: next(),
+                        kv: next(),
+                        o: next(),
+                        gate_up: next(),
+                        down: next(),
+                    })
+                    .collect()
+            }
         };
         Ok(DraftWeights {
             config: self.config.clone(),
