@@ -2,13 +2,13 @@
 //! (`best_k`), the per-run policy (`AdaptiveK`: probes, shadow probes, decay) and the
 //! pass-cost model (`PassCosts`) and its calibration (`calibrate`, `warmed_up`).
 
-use std::sync::Arc;
+mod common;
 
 use mtp::{
     best_k, calibrate, expected_accepted, warmed_up, AcceptanceEstimate, AdaptiveConfig, AdaptiveK,
     PassCosts, WARM_UP_MAX_PASSES, WARM_UP_SETTLED,
 };
-use npu_runtime::{Family, Forward, TapSink, TargetConfig, TargetError};
+use npu_runtime::Forward;
 
 /// `[n - 1]`: seconds of an n-row pass, `base + per_row * (n - 1)`, n = 1..=rows.
 fn linear(rows: usize, base: f64, per_row: f64) -> Vec<f64> {
@@ -345,77 +345,13 @@ fn warm_up_waits_for_the_timings_to_settle() {
     assert!(warmed_up(&[3.0, 2.9, 2.9, 2.86]));
 }
 
-/// A target that records the row count of every pass (and answers with zero logits).
-struct Recorder {
-    config: Arc<TargetConfig>,
-    position: usize,
-    passes: Vec<usize>,
-}
-
-impl Forward for Recorder {
-    fn config(&self) -> &TargetConfig {
-        &self.config
-    }
-    fn position(&self) -> usize {
-        self.position
-    }
-    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
-        self.passes.push(tokens.len());
-        self.position += tokens.len();
-        Ok(vec![0.0; tokens.len() * self.config.vocab_size])
-    }
-    fn last_hidden(&self) -> &[f32] {
-        &[]
-    }
-    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
-        if len > self.position {
-            return Err(TargetError::TruncateBeyond {
-                len,
-                position: self.position,
-            });
-        }
-        self.position = len;
-        Ok(())
-    }
-    fn set_layer_taps(&mut self, _: &[usize], _: TapSink) -> npu_runtime::Result<()> {
-        Ok(())
-    }
-    fn clear_layer_taps(&mut self) {}
-    fn embed(&self, _: &[u32]) -> npu_runtime::Result<Vec<f32>> {
-        Ok(Vec::new())
-    }
-    fn lm_head(&self, _: &[f32], _: usize) -> Vec<f32> {
-        Vec::new()
-    }
-}
-
 #[test]
 fn calibration_warms_up_then_times_every_row_count_in_interleaved_rounds() {
-    let config = Arc::new(TargetConfig {
-        family: Family::Llama,
-        vocab_size: 4,
-        hidden_size: 2,
-        intermediate_size: 2,
-        num_layers: 1,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 2,
-        rope_theta: 1.0,
-        rms_eps: 1e-6,
-        max_positions: 1000,
-        tie_word_embeddings: false,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![],
-        chat_template: None,
-        lm_head_requantized: false,
-    });
-    let mut target = Recorder {
-        config,
-        position: 5,
-        passes: Vec::new(),
-    };
+    let mut target = common::Toy::new(4, 0, 0.0);
+    target.forward(&[1, 2, 3, 1, 2]).unwrap();
+    target.passes.clear();
     let costs = calibrate(&mut target, 6, 3).unwrap();
-    assert_eq!(target.position, 5, "every pass is rolled back");
+    assert_eq!(target.position(), 5, "every pass is rolled back");
     assert_eq!(
         costs.points().iter().map(|p| p.0).collect::<Vec<_>>(),
         [1, 2, 4, 6]

@@ -3,86 +3,14 @@
 //! speculation, on a toy base with a 4-token vocabulary.
 
 mod common;
-use common::chi2;
-use std::sync::Arc;
+use common::{chi2, Toy};
 
 use mtp::{run, DraftHead, RunOptions, SamplingConfig};
-use npu_runtime::{Family, Forward, TapSink, TargetConfig, TargetError};
+use npu_runtime::Forward;
 
-/// Logits depend on the position and the last token only.
-struct ToyBase {
-    config: Arc<TargetConfig>,
-    tokens: Vec<u32>,
-}
-
-fn toy_logits(pos: usize, token: u32) -> Vec<f32> {
-    (0..4)
-        .map(|v| (((pos * 7 + token as usize * 5 + v * 3) % 11) as f32) * 0.35 - (v as f32) * 0.2)
-        .collect()
-}
-
-impl Forward for ToyBase {
-    fn config(&self) -> &TargetConfig {
-        &self.config
-    }
-    fn position(&self) -> usize {
-        self.tokens.len()
-    }
-    fn forward(&mut self, tokens: &[u32]) -> npu_runtime::Result<Vec<f32>> {
-        let mut out = Vec::new();
-        for &t in tokens {
-            out.extend(toy_logits(self.tokens.len(), t));
-            self.tokens.push(t);
-        }
-        Ok(out)
-    }
-    fn last_hidden(&self) -> &[f32] {
-        &[]
-    }
-    fn truncate(&mut self, len: usize) -> npu_runtime::Result<()> {
-        if len > self.tokens.len() {
-            return Err(TargetError::TruncateBeyond {
-                len,
-                position: self.tokens.len(),
-            });
-        }
-        self.tokens.truncate(len);
-        Ok(())
-    }
-    fn set_layer_taps(&mut self, _: &[usize], _: TapSink) -> npu_runtime::Result<()> {
-        Ok(())
-    }
-    fn clear_layer_taps(&mut self) {}
-    fn embed(&self, _: &[u32]) -> npu_runtime::Result<Vec<f32>> {
-        Ok(Vec::new())
-    }
-    fn lm_head(&self, _: &[f32], _: usize) -> Vec<f32> {
-        Vec::new()
-    }
-}
-
-fn toy() -> ToyBase {
-    ToyBase {
-        config: Arc::new(TargetConfig {
-            family: Family::Llama,
-            vocab_size: 4,
-            hidden_size: 2,
-            intermediate_size: 2,
-            num_layers: 1,
-            num_heads: 1,
-            num_kv_heads: 1,
-            head_dim: 2,
-            rope_theta: 1.0,
-            rms_eps: 1e-6,
-            max_positions: 1000,
-            tie_word_embeddings: false,
-            bos_token_id: None,
-            eos_token_ids: vec![],
-            chat_template: None,
-            lm_head_requantized: false,
-        }),
-        tokens: Vec::new(),
-    }
+/// A target whose logits depend on the position and the token only.
+fn toy() -> Toy {
+    Toy::new(4, 0, 0.0)
 }
 
 /// Deterministic drafts: `(last + i + 1) % 4`.
