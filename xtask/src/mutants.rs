@@ -568,8 +568,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "draft-q8-swaps-keys-and-values",
         file: "crates/dflash-draft/src/forward.rs",
-        find: "kv: PackedQ4::stack(&[&l.k, &l.v]),",
-        replace: "kv: PackedQ4::stack(&[&l.v, &l.k]),",
+        find: "vec![&l.k, &l.v],",
+        replace: "vec![&l.v, &l.k],",
         tests: &["-p", "dflash-draft", "--test", "cached"],
         also: None,
         requires: &[],
