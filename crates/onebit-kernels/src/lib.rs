@@ -16,7 +16,9 @@
 //!
 //! Variants are chosen by an [`Isa`] token, which only run-time CPU detection can build
 //! (its fields are private), so no safe call can run an instruction the CPU lacks.
-//! Parallel loops run on the caller's rayon pool.
+//! Parallel loops run on the caller's rayon pool. Packed weights live in
+//! [`pages::WeightBytes`], huge pages where the OS hands them out on request: a pass
+//! streams every weight byte, and 4 KiB pages would cost it a page walk per page.
 #![warn(missing_docs)]
 
 pub mod attention;
