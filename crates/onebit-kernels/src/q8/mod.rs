@@ -523,10 +523,10 @@ impl PackedQ4 {
         Self::stack_many(&[parts]).remove(0)
     }
 
-    /// Repacks each list of `stacks` as [`PackedQ4::stack`] does, all into one buffer:
-    /// a model's projections, one to four MB each, then share huge pages
-    /// ([`WeightBytes`]) that none of them would fill alone. The bytes of each are
-    /// those `stack` gives it.
+    /// Repacks each list of `stacks` as [`PackedQ4::stack`] does, all into one buffer,
+    /// so that a model's projections (0.4–1.1 MB each for SmolLM2) share huge pages
+    /// ([`WeightBytes`]) that none of them would fill alone. Each gets the bytes
+    /// `stack` would give it.
     ///
     /// # Panics
     /// As [`PackedQ4::stack`], for any of the lists.
