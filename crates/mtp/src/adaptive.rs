@@ -143,7 +143,7 @@ pub fn warmed_up(timings: &[f64]) -> bool {
 /// back to where it was; the rows between are interpolated until the run times them.
 ///
 /// The first passes after a load (or a long prefill) are slow: on the session-9 Xeon
-/// the first 1-row passes of a process took 5.5-6.5 ms and settled at 3.0 ms over
+/// the first 1-row passes of a process took 5.3–9.5 ms and settled at 3.0 ms over
 /// about ten passes, while the weights came back into the cache. Timed then, a 1-row
 /// pass looked almost as dear as a 4-row one and the choice of k followed a cost curve
 /// that was not there. So 1-row passes run untimed until their timings settle

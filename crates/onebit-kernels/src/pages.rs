@@ -6,12 +6,14 @@
 //! also walks the page tables; in 2 MiB pages it is about 50. Linux gives anonymous
 //! memory huge pages either always or only where a program asks (`madvise`, the
 //! default of many distributions and of the machine this was measured on). The buffer
-//! asks before its first byte is written, so the first touch can fault in huge pages.
-//! On the session-9 Xeon (THP `madvise`) this took the settled 1-row pass of SmolLM2 from
-//! 3.3–3.5 ms to 3.1–3.2 ms (ARCHITECTURE.md, README).
+//! asks before its first byte is written, so the first touch can fault in huge pages,
+//! and maps whole 2 MiB multiples, which the kernel places on 2 MiB boundaries. On the
+//! session-9 Xeon (THP `madvise`) this took the settled 1-row pass of SmolLM2 from
+//! 3.04–3.56 ms to 2.94–3.12 ms over four alternations (ARCHITECTURE.md, README).
 //!
-//! Elsewhere (another OS, THP off, a failed map) it is an ordinary heap buffer: the
-//! bytes, and therefore every result, are the same either way.
+//! Below 2 MiB, off Linux, or when the map fails it is an ordinary heap buffer; a kernel
+//! without THP keeps the map in small pages. The bytes, and therefore every result, are
+//! the same either way.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -19,16 +21,22 @@ use std::ops::{Deref, DerefMut};
 /// A zeroed, fixed-length byte buffer for large read-mostly data (see the module).
 pub struct WeightBytes {
     storage: Storage,
+    len: usize,
 }
 
 enum Storage {
-    /// An anonymous map advised to use huge pages.
+    /// An anonymous map of whole huge pages (its first `len` bytes are the buffer), and
+    /// whether the kernel took the advice to back it with huge pages.
     #[cfg(target_os = "linux")]
-    Mapped(memmap2::MmapMut),
+    Mapped {
+        map: memmap2::MmapMut,
+        advised: bool,
+    },
     Heap(Vec<u8>),
 }
 
 /// Below this a buffer cannot hold one huge page: the heap serves it.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 << 20;
 
 impl WeightBytes {
@@ -36,24 +44,30 @@ impl WeightBytes {
     pub fn zeroed(len: usize) -> WeightBytes {
         #[cfg(target_os = "linux")]
         if len >= HUGE_PAGE {
-            if let Ok(map) = memmap2::MmapMut::map_anon(len) {
-                // Advice only: if the kernel has no THP the pages stay small.
-                let _ = map.advise(memmap2::Advice::HugePage);
+            let mapped = len
+                .checked_next_multiple_of(HUGE_PAGE)
+                .map(memmap2::MmapMut::map_anon);
+            if let Some(Ok(map)) = mapped {
+                // Advice only: a kernel without THP refuses it and the pages stay small.
+                let advised = map.advise(memmap2::Advice::HugePage).is_ok();
                 return WeightBytes {
-                    storage: Storage::Mapped(map),
+                    storage: Storage::Mapped { map, advised },
+                    len,
                 };
             }
         }
         WeightBytes {
             storage: Storage::Heap(vec![0; len]),
+            len,
         }
     }
 
-    /// Whether the buffer is a map advised to use huge pages (rather than heap memory).
+    /// Whether the buffer is a map the kernel accepted the huge-page advice for (rather
+    /// than heap memory, or a map in small pages).
     pub fn advised_huge(&self) -> bool {
         match &self.storage {
             #[cfg(target_os = "linux")]
-            Storage::Mapped(_) => true,
+            Storage::Mapped { advised, .. } => *advised,
             Storage::Heap(_) => false,
         }
     }
@@ -64,7 +78,7 @@ impl Deref for WeightBytes {
     fn deref(&self) -> &[u8] {
         match &self.storage {
             #[cfg(target_os = "linux")]
-            Storage::Mapped(map) => map,
+            Storage::Mapped { map, .. } => &map[..self.len],
             Storage::Heap(v) => v,
         }
     }
@@ -74,7 +88,7 @@ impl DerefMut for WeightBytes {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.storage {
             #[cfg(target_os = "linux")]
-            Storage::Mapped(map) => map,
+            Storage::Mapped { map, .. } => &mut map[..self.len],
             Storage::Heap(v) => v,
         }
     }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use npu_runtime::{Family, Forward, TapSink, TargetConfig, TargetError};
 
-/// The shape of the toy targets (one layer, two wide): only the vocabulary, the
-/// positions and the BOS token matter to the loop.
-pub fn toy_config(vocab_size: usize, max_positions: usize, bos: Option<u32>) -> Arc<TargetConfig> {
+/// The shape of the toy targets (one layer, two wide): only the vocabulary matters to
+/// the loop.
+pub fn toy_config(vocab_size: usize) -> Arc<TargetConfig> {
     Arc::new(TargetConfig {
         family: Family::Llama,
         vocab_size,
@@ -19,9 +19,9 @@ pub fn toy_config(vocab_size: usize, max_positions: usize, bos: Option<u32>) -> 
         head_dim: 2,
         rope_theta: 1.0,
         rms_eps: 1e-6,
-        max_positions,
+        max_positions: 100_000,
         tie_word_embeddings: false,
-        bos_token_id: bos,
+        bos_token_id: None,
         eos_token_ids: vec![],
         chat_template: None,
         lm_head_requantized: false,
@@ -64,7 +64,7 @@ pub struct Toy {
 impl Toy {
     pub fn new(vocab: usize, period: usize, copy: f32) -> Toy {
         Toy {
-            config: toy_config(vocab, 100_000, None),
+            config: toy_config(vocab),
             tokens: Vec::new(),
             passes: Vec::new(),
             period,
