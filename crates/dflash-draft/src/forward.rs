@@ -147,33 +147,25 @@ impl DraftModel {
             });
         let packed = match integer {
             false => Vec::new(),
-            true => {
-                // Every layer in one buffer, so the projections share huge pages.
-                let stacks: Vec<Vec<&Q4Matrix>> = layers
-                    .iter()
-                    .flat_map(|l| {
-                        [
-                            vec![&l.q],
-                            vec![&l.k, &l.v],
-                            vec![&l.o],
-                            vec![&l.gate, &l.up],
-                            vec![&l.down],
-                        ]
-                    })
-                    .collect();
-                let lists: Vec<&[&Q4Matrix]> = stacks.iter().map(Vec::as_slice).collect();
-                let mut packed = PackedQ4::stack_many(&lists).into_iter();
-                let mut next = || packed.next().expect("five stacks per layer");
-                (0..layers.len())
-                    .map(|_| PackedLayer {
-                        q: next(),
-                        kv: next(),
-                        o: next(),
-                        gate_up: next(),
-                        down: next(),
-                    })
-                    .collect()
-            }
+            // Every layer in one buffer, so the projections share huge pages.
+            true => PackedQ4::stack_layers(&layers, |l| {
+                [
+                    vec![&l.q],
+                    vec![&l.k, &l.v],
+                    vec![&l.o],
+                    vec![&l.gate, &l.up],
+                    vec![&l.down],
+                ]
+            })
+            .into_iter()
+            .map(|[q, kv, o, gate_up, down]| PackedLayer {
+                q,
+                kv,
+                o,
+                gate_up,
+                down,
+            })
+            .collect(),
         };
         Ok(DraftWeights {
             config: self.config.clone(),

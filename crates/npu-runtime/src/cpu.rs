@@ -158,33 +158,23 @@ impl CpuModel {
         let (packed, head_tiles_q8, head_int8) = pool.install(|| {
             let packed = match integer {
                 false => Vec::new(),
-                true => {
-                    // Every layer in one buffer, so the projections share huge pages.
-                    let stacks: Vec<Vec<&q4nx_format::Q4Matrix>> = weights
-                        .layers
-                        .iter()
-                        .flat_map(|l| {
-                            [
-                                vec![&l.q, &l.k, &l.v],
-                                vec![&l.o],
-                                vec![&l.gate, &l.up],
-                                vec![&l.down],
-                            ]
-                        })
-                        .collect();
-                    let lists: Vec<&[&q4nx_format::Q4Matrix]> =
-                        stacks.iter().map(Vec::as_slice).collect();
-                    let mut packed = PackedQ4::stack_many(&lists).into_iter();
-                    let mut next = || packed.next().expect("four stacks per layer");
-                    (0..weights.layers.len())
-                        .map(|_| PackedLayer {
-                            qkv: next(),
-                            o: next(),
-                            gate_up: next(),
-                            down: next(),
-                        })
-                        .collect()
-                }
+                // Every layer in one buffer, so the projections share huge pages.
+                true => PackedQ4::stack_layers(&weights.layers, |l| {
+                    [
+                        vec![&l.q, &l.k, &l.v],
+                        vec![&l.o],
+                        vec![&l.gate, &l.up],
+                        vec![&l.down],
+                    ]
+                })
+                .into_iter()
+                .map(|[qkv, o, gate_up, down]| PackedLayer {
+                    qkv,
+                    o,
+                    gate_up,
+                    down,
+                })
+                .collect(),
             };
             let head_tiles_q8 =
                 (integer && head == HeadKind::Tiles).then(|| PackedQ4::new(&weights.lm_head));

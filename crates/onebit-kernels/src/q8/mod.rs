@@ -563,6 +563,22 @@ impl PackedQ4 {
             .collect()
     }
 
+    /// A model's layers packed into one buffer by [`PackedQ4::stack_many`]:
+    /// `stacks_of(layer)` names the layer's `N` stacks, and each layer gets its `N`
+    /// packed stacks back, in that order.
+    pub fn stack_layers<'m, L, const N: usize>(
+        layers: &'m [L],
+        stacks_of: impl Fn(&'m L) -> [Vec<&'m Q4Matrix<'m>>; N],
+    ) -> Vec<[PackedQ4; N]> {
+        let stacks: Vec<[Vec<&Q4Matrix>; N]> = layers.iter().map(stacks_of).collect();
+        let lists: Vec<&[&Q4Matrix]> = stacks.iter().flatten().map(Vec::as_slice).collect();
+        let mut packed = Self::stack_many(&lists).into_iter();
+        stacks
+            .iter()
+            .map(|_| std::array::from_fn(|_| packed.next().expect("N stacks a layer")))
+            .collect()
+    }
+
     /// Columns (K).
     pub fn cols(&self) -> usize {
         self.k
