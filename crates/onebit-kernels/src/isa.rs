@@ -14,6 +14,7 @@ const AVX_VNNI: u8 = 1 << 1;
 const AVX512: u8 = 1 << 2;
 const AVX512_VBMI: u8 = 1 << 3;
 const AVX512_VNNI: u8 = 1 << 4;
+const AMX: u8 = 1 << 5;
 
 /// A set of CPU extensions that run-time detection found on this CPU (or a subset of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,12 +42,92 @@ fn detected() -> u8 {
                     }
                     if has!("avx512vnni") {
                         f |= AVX512_VNNI;
+                        // The AMX variant falls back to AVX-512 VNNI for few rows.
+                        f |= amx_bit(amx_cpuid(), request_tile_data);
                     }
                 }
             }
         }
         f
     })
+}
+
+/// What CPUID and XCR0 say about AMX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AmxCpuid {
+    /// CPUID.(EAX=7,ECX=0):EDX[24], AMX-TILE.
+    tile: bool,
+    /// CPUID.(EAX=7,ECX=0):EDX[25], AMX-INT8.
+    int8: bool,
+    /// XCR0 bits 17 and 18: the OS manages the tile configuration and data.
+    os_state: bool,
+}
+
+/// The `AMX` bit: set only when the CPU has AMX-TILE and AMX-INT8, the OS manages the
+/// tile state, and `grant` (asked last, once) obtains this process's permission to use
+/// the tile data. A CPU without the instructions, or an OS that refuses, gives no bit.
+fn amx_bit(cpu: AmxCpuid, grant: impl FnOnce() -> bool) -> u8 {
+    if cpu.tile && cpu.int8 && cpu.os_state && grant() {
+        AMX
+    } else {
+        0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_cpuid() -> AmxCpuid {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    // CPUID is in the x86-64 baseline; leaf 7 exists when leaf 0 reports it.
+    let (max_leaf, osxsave) = (__cpuid(0).eax, __cpuid(1).ecx & (1 << 27) != 0);
+    if max_leaf < 7 || !osxsave {
+        return AmxCpuid {
+            tile: false,
+            int8: false,
+            os_state: false,
+        };
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    // SAFETY: OSXSAVE is set, so XGETBV is available and XCR0 readable.
+    let xcr0 = unsafe { _xgetbv(0) };
+    AmxCpuid {
+        tile: edx & (1 << 24) != 0,
+        int8: edx & (1 << 25) != 0,
+        os_state: xcr0 & (0b11 << 17) == 0b11 << 17,
+    }
+}
+
+/// Linux hands out the tile data (8 KiB of state per thread) only on request, once per
+/// process, for all its threads: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`,
+/// then `ARCH_GET_XCOMP_PERM` confirms it. A tile instruction before that faults.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these codes reads or writes only the u64 it is given.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) != 0
+        {
+            return false;
+        }
+        let mut granted: u64 = 0;
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut granted as *mut u64,
+        ) == 0
+            && granted & (1 << XFEATURE_XTILEDATA) != 0
+    }
+}
+
+/// Elsewhere there is no request to make and no way to know: no AMX.
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_tile_data() -> bool {
+    false
 }
 
 impl Isa {
@@ -112,6 +193,11 @@ impl Isa {
     pub fn avx512_vnni(self) -> bool {
         self.features & AVX512_VNNI != 0
     }
+    /// AMX-TILE and AMX-INT8 with the OS's permission to use the tile data, with AVX-512
+    /// VNNI.
+    pub fn amx(self) -> bool {
+        self.features & AMX != 0 && self.avx512_vnni()
+    }
 
     /// The extensions in the set, `+`-joined (`scalar` for none), for reports.
     pub fn name(self) -> String {
@@ -121,6 +207,7 @@ impl Isa {
             (AVX512, "avx512"),
             (AVX512_VBMI, "vbmi"),
             (AVX512_VNNI, "vnni"),
+            (AMX, "amx"),
         ];
         let parts: Vec<&str> = names
             .iter()
@@ -148,5 +235,66 @@ mod tests {
         assert_eq!(Isa::available()[0], Isa::scalar());
         assert_eq!(*Isa::available().last().unwrap(), all);
         assert_eq!(Isa::scalar().name(), "scalar");
+    }
+
+    const ALL_AMX: AmxCpuid = AmxCpuid {
+        tile: true,
+        int8: true,
+        os_state: true,
+    };
+
+    #[test]
+    fn amx_needs_the_instructions_the_os_state_and_the_permission() {
+        assert_eq!(amx_bit(ALL_AMX, || true), AMX);
+        let refused = std::cell::Cell::new(0);
+        assert_eq!(
+            amx_bit(ALL_AMX, || {
+                refused.set(refused.get() + 1);
+                false
+            }),
+            0,
+            "a refused permission must give no bit"
+        );
+        assert_eq!(refused.get(), 1);
+        for cpu in [
+            AmxCpuid {
+                tile: false,
+                ..ALL_AMX
+            },
+            AmxCpuid {
+                int8: false,
+                ..ALL_AMX
+            },
+            AmxCpuid {
+                os_state: false,
+                ..ALL_AMX
+            },
+        ] {
+            // Without the instructions or the OS state, the permission is not even asked.
+            assert_eq!(amx_bit(cpu, || panic!("asked for {cpu:?}")), 0, "{cpu:?}");
+        }
+    }
+
+    #[test]
+    fn amx_is_detected_where_the_cpu_lists_it() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let listed = cpuinfo.contains(" amx_int8") && cpuinfo.contains(" amx_tile");
+        if !listed {
+            assert!(
+                !Isa::detect().amx(),
+                "an AMX bit on a CPU that lists no AMX"
+            );
+            test_support::record_skip(
+                "isa::tests::amx_is_detected_where_the_cpu_lists_it",
+                "this CPU lists no amx_tile/amx_int8 in /proc/cpuinfo",
+            );
+            return;
+        }
+        // Linux grants the tile data to any process that asks (kernel 5.16 and later).
+        assert!(
+            Isa::detect().amx(),
+            "/proc/cpuinfo lists AMX but detection set no bit: {}",
+            Isa::detect().name()
+        );
     }
 }

@@ -65,6 +65,39 @@ fn check_q4(n_out: usize, k: usize, rows: usize, seed: u64, kind: Q4Kind, levels
             );
         }
     }
+    // The AMX variant's logic on the tile emulator, on every machine.
+    let mut y = vec![f32::NAN; rows * stride];
+    q8::amx::matmul_q4_emulated(&packed, &xq, &mut y);
+    assert_bits_equal(
+        &y,
+        &want,
+        stride,
+        &format!("emulated AMX, {n_out}x{k}, {rows} rows"),
+    );
+    for i in 0..rows {
+        let mut single = QuantizedRows::default();
+        single.quantize_levels(&x[i * k..(i + 1) * k], 1, k, levels);
+        let mut one = vec![0f32; stride];
+        q8::amx::matmul_q4_emulated(&packed, &single, &mut one);
+        assert_eq!(
+            one,
+            y[i * stride..(i + 1) * stride],
+            "emulated AMX batch invariance, row {i}"
+        );
+    }
+}
+
+/// `got` equals `want` bit for bit (rows of `stride` outputs), naming the first miss.
+fn assert_bits_equal(got: &[f32], want: &[f32], stride: usize, what: &str) {
+    for (at, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{what}: row {} out {}: {g} vs reference {w}",
+            at / stride,
+            at % stride
+        );
+    }
 }
 
 fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64, levels: Levels) {
@@ -85,17 +118,16 @@ fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64, levels: Levels) {
         // NaN where nothing was written would fail the comparison below.
         let mut y = vec![f32::NAN; rows * n_out];
         q8::matmul_i8(&w, &xq, &mut y, isa);
-        for (at, (&got, &exp)) in y.iter().zip(&want).enumerate() {
-            assert_eq!(
-                got.to_bits(),
-                exp.to_bits(),
-                "{}: int8 row {} out {} of {n_out}x{k}: {got} vs reference {exp}",
-                isa.name(),
-                at / n_out,
-                at % n_out
-            );
-        }
+        assert_bits_equal(
+            &y,
+            &want,
+            n_out,
+            &format!("{}: int8 {n_out}x{k}", isa.name()),
+        );
     }
+    let mut y = vec![f32::NAN; rows * n_out];
+    q8::amx::matmul_i8_emulated(&w, &xq, &mut y);
+    assert_bits_equal(&y, &want, n_out, &format!("emulated AMX: int8 {n_out}x{k}"));
 }
 
 proptest! {
@@ -490,6 +522,19 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
                 let want = reference::dot_i8(&head, r, &xq, i);
                 assert_eq!(y[i * 40 + r].to_bits(), want.to_bits());
             }
+        }
+    }
+}
+
+/// The AMX variant (hardware where present, the emulator everywhere) on ragged shapes:
+/// every row count from 1 to 17 (one more than a tile holds), outputs not a multiple of
+/// 16, 32 or 64, K of three groups (not a multiple of 64), both levels.
+#[test]
+fn amx_ragged_shapes_equal_the_reference() {
+    for rows in 1..=17 {
+        for levels in [Levels::One, Levels::Two] {
+            check_q4(45, 96, rows, rows as u64, Q4Kind::Q4_1, levels);
+            check_i8(37, 96, rows, rows as u64, levels);
         }
     }
 }

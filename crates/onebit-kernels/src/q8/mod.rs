@@ -25,6 +25,7 @@
 //! integer dot-product instructions want (four consecutive columns of one row in a
 //! 32-bit lane); the packed q4 copy has the same size as the tiles.
 
+pub mod amx;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -728,11 +729,17 @@ enum Variant {
     AvxVnni,
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
+    /// AMX tiles from [`amx::pays`]'s row count, AVX-512 VNNI below it.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
 fn variant(isa: Isa) -> Variant {
     #[cfg(target_arch = "x86_64")]
     {
+        if isa.amx() {
+            return Variant::Amx;
+        }
         if isa.avx512_vnni() {
             return Variant::Avx512Vnni;
         }
@@ -757,7 +764,27 @@ pub fn variant_name(isa: Isa) -> &'static str {
         Variant::AvxVnni => "avxvnni",
         #[cfg(target_arch = "x86_64")]
         Variant::Avx512Vnni => "avx512vnni",
+        #[cfg(target_arch = "x86_64")]
+        Variant::Amx => "amx+avx512vnni",
     }
+}
+
+/// # Panics
+/// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.stride()`.
+fn check_q4_shapes(w: &PackedQ4, x: &QuantizedRows, y: &[f32]) {
+    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
+    assert_eq!(
+        y.len(),
+        x.rows() * w.stride(),
+        "q8: output is not rows × stride"
+    );
+}
+
+/// # Panics
+/// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.rows()`.
+fn check_i8_shapes(w: &I8Matrix, x: &QuantizedRows, y: &[f32]) {
+    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
+    assert_eq!(y.len(), x.rows() * w.rows(), "q8: output is not rows × N");
 }
 
 /// `y[i · stride + r] = Σ_c W[r][c] · x[i][c]` by the family's arithmetic, for every
@@ -766,14 +793,14 @@ pub fn variant_name(isa: Isa) -> &'static str {
 /// # Panics
 /// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.stride()`.
 pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
-    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
-    let n = x.rows();
+    check_q4_shapes(w, x, y);
     let stride = w.stride();
-    assert_eq!(y.len(), n * stride, "q8: output is not rows × stride");
-    if n == 0 {
+    if x.rows() == 0 {
         return;
     }
     let kernel = variant(isa);
+    #[cfg(target_arch = "x86_64")]
+    let tiles = kernel == Variant::Amx && amx::pays(x.level_rows());
     // Each task writes its 32-row block's outputs for every input row straight into `y`.
     crate::team::for_each_column_block(y, stride, BLOCK_ROWS, |b, mut out| match kernel {
         Variant::Scalar => reference::block_q4(w, b, x, &mut out),
@@ -786,6 +813,12 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above (avx512f, bw, vl, vnni detected).
         Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, &mut out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above (AMX usable, avx512f, bw, vl, vnni detected).
+        Variant::Amx if tiles => unsafe { amx::block_q4_hardware(isa, w, b, x, &mut out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Variant::Amx => unsafe { x86::block_q4_avx512vnni(w, b, x, &mut out) },
     });
 }
 
@@ -795,14 +828,14 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
 /// # Panics
 /// If `x`'s K differs from the weights' or `y.len() != x.rows() · w.rows()`.
 pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
-    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
-    let n = x.rows();
+    check_i8_shapes(w, x, y);
     let rows = w.rows();
-    assert_eq!(y.len(), n * rows, "q8: output is not rows × N");
-    if n == 0 {
+    if x.rows() == 0 {
         return;
     }
     let kernel = variant(isa);
+    #[cfg(target_arch = "x86_64")]
+    let tiles = kernel == Variant::Amx && amx::pays(x.level_rows());
     /// Blocks per task: enough work to amortise the task, many tasks to balance.
     const TASK_BLOCKS: usize = 8;
     let width = TASK_BLOCKS * I8_BLOCK_ROWS;
@@ -822,6 +855,12 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
                 Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above (AMX usable).
+                Variant::Amx if tiles => unsafe { amx::block_i8_hardware(isa, w, b, x, &mut out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Variant::Amx => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
             }
         }
     });
