@@ -63,6 +63,53 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &["avx2", "fma"],
     },
+    // The AMX variant (q8/amx.rs): its logic runs on the tile emulator on every machine,
+    // its asm on AMX CPUs.
+    Mutant {
+        name: "amx-tile-loaded-with-the-wrong-stride",
+        file: "crates/onebit-kernels/src/q8/amx.rs",
+        find: "tiles.load::<TB>(weights.as_ptr(), TILE_ROW_BYTES);",
+        replace: "tiles.load::<TB>(weights.as_ptr(), GROUP);",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "amx-row-depends-on-its-batch-neighbours",
+        file: "crates/onebit-kernels/src/q8/amx.rs",
+        find: "let scale = V::mul(d, V::splat(dx[o][g]));",
+        replace: "let scale = V::mul(d, V::splat(dx[0][g]));",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "amx-emulator-tdpbusd-reads-the-signed-operand-as-unsigned",
+        file: "crates/onebit-kernels/src/q8/amx.rs",
+        find: "Dot::Usd => (false, true),",
+        replace: "Dot::Usd => (false, false),",
+        tests: &["-p", "onebit-kernels", "--test", "amx"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "amx-bit-without-the-os-permission",
+        file: "crates/onebit-kernels/src/isa.rs",
+        find: "if cpu.tile && cpu.int8 && cpu.os_state && grant() {",
+        replace: "if cpu.tile && cpu.int8 && cpu.os_state {",
+        tests: &["-p", "onebit-kernels", "--lib", "isa"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "amx-head-tiles-skip-the-second-level",
+        file: "crates/onebit-kernels/src/q8/amx.rs",
+        find: "                for l in 1..L {\n                    let low",
+        replace: "                for l in 1..1 {\n                    let low",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
     Mutant {
         name: "q8-int8-head-keeps-the-unsigned-surplus",
         file: "crates/onebit-kernels/src/q8/x86.rs",
@@ -749,6 +796,11 @@ fn cpu_has(feature: &str) -> Result<bool> {
             "avx512vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
             "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
             "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
+            // The kernels' own detection (CPUID, XCR0 and Linux's permission) is what
+            // gates their tiles; /proc/cpuinfo lists what the CPU and kernel support.
+            "amx" => std::fs::read_to_string("/proc/cpuinfo")
+                .map(|c| c.contains(" amx_tile") && c.contains(" amx_int8"))
+                .unwrap_or(false),
             other => bail!("mutants: unknown CPU feature '{other}' in the catalogue"),
         })
     }

@@ -8,6 +8,7 @@ use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
 use crate::model::{HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights};
+use crate::profile::{Clock, PassProfile, Stage};
 
 /// One layer's projections repacked for the `q8` family: q, k and v stacked into one
 /// matrix, gate and up into another, so each runs as one parallel region.
@@ -32,14 +33,19 @@ struct Q8Projector {
 
 impl Q8Projector {
     /// `input` (`rows` rows of `k`) by `w`: the `rows × w.stride()` outputs.
-    fn project(&mut self, w: &PackedQ4, input: &[f32], k: usize) -> &[f32] {
-        self.quantized
-            .quantize_levels(input, self.rows, k, self.levels);
+    fn project(&mut self, w: &PackedQ4, input: &[f32], k: usize, clock: &mut Clock) -> &[f32] {
+        clock.time(Stage::Quantize, || {
+            self.quantized
+                .quantize_levels(input, self.rows, k, self.levels)
+        });
         let len = self.rows * w.stride();
         if self.output.len() < len {
             self.output.resize(len, 0.0);
         }
-        q8::matmul_q4(w, &self.quantized, &mut self.output[..len], self.isa);
+        let (quantized, output, isa) = (&self.quantized, &mut self.output[..len], self.isa);
+        clock.time(Stage::Projections, || {
+            q8::matmul_q4(w, quantized, output, isa)
+        });
         &self.output[..len]
     }
 }
@@ -214,6 +220,7 @@ impl CpuModel {
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
+            profile: None,
         }
     }
 
@@ -403,6 +410,9 @@ pub struct CpuTarget {
     /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// The stages' times of the passes since profiling was turned on (boxed: a session
+    /// that never profiles carries a pointer, not the table).
+    profile: Option<Box<PassProfile>>,
 }
 
 impl CpuTarget {
@@ -470,7 +480,31 @@ impl CpuTarget {
 }
 
 impl CpuTarget {
+    /// Profiles the passes from now on (`true`) or stops (`false`, dropping what was
+    /// gathered); [`CpuTarget::take_profile`] reads it.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Box::default);
+    }
+
+    /// The stages' times of the passes since profiling began or since the last call,
+    /// then starts afresh (`None` when not profiling).
+    pub fn take_profile(&mut self) -> Option<PassProfile> {
+        self.profile.as_deref_mut().map(std::mem::take)
+    }
+
     fn forward_in_pool(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let mut clock = Clock::new(self.profile.take().map(|p| *p));
+        let result = self.forward_timed(tokens, all_logits, &mut clock);
+        self.profile = clock.finish().map(Box::new);
+        result
+    }
+
+    fn forward_timed(
+        &mut self,
+        tokens: &[u32],
+        all_logits: bool,
+        clock: &mut Clock,
+    ) -> Result<Vec<f32>> {
         // The model is shared and read-only; a clone of its `Arc` lets the pass read it
         // while the session's cache is written.
         let model = self.model.clone();
@@ -484,7 +518,7 @@ impl CpuTarget {
                 max: model.config.max_positions,
             });
         }
-        let mut x = model.embed(tokens)?;
+        let mut x = clock.time(Stage::Embed, || model.embed(tokens))?;
         if n == 0 {
             self.last_hidden.clear();
             return Ok(Vec::new());
@@ -512,23 +546,30 @@ impl CpuTarget {
         };
 
         for (l, layer) in model.weights().layers.iter().enumerate() {
-            kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed);
+            clock.time(Stage::Norms, || {
+                kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed)
+            });
             let (mut q, mut k, v) = match model.packed.get(l) {
                 Some(p) => {
-                    let y = projector.project(&p.qkv, &normed, h);
+                    let y = projector.project(&p.qkv, &normed, h, clock);
                     let s = p.qkv.stride();
-                    (
-                        gather(y, n, s, p.qkv.part(0)),
-                        gather(y, n, s, p.qkv.part(1)),
-                        gather(y, n, s, p.qkv.part(2)),
-                    )
+                    clock.time(Stage::Activation, || {
+                        (
+                            gather(y, n, s, p.qkv.part(0)),
+                            gather(y, n, s, p.qkv.part(1)),
+                            gather(y, n, s, p.qkv.part(2)),
+                        )
+                    })
                 }
-                None => (
-                    model.project(&layer.q, &normed, n),
-                    model.project(&layer.k, &normed, n),
-                    model.project(&layer.v, &normed, n),
-                ),
+                None => clock.time(Stage::Projections, || {
+                    (
+                        model.project(&layer.q, &normed, n),
+                        model.project(&layer.k, &normed, n),
+                        model.project(&layer.v, &normed, n),
+                    )
+                }),
             };
+            let rope = clock.start(Stage::Rope);
             kernels::norm_and_rope(
                 &mut q,
                 cfg.num_heads,
@@ -549,9 +590,13 @@ impl CpuTarget {
                 &self.rope_cos,
                 &self.rope_sin,
             );
-            self.cache.layer_mut(l).append(&k, &v, n);
+            clock.stop(rope);
+            clock.time(Stage::KvAppend, || {
+                self.cache.layer_mut(l).append(&k, &v, n)
+            });
             // Causal attention: row i sees positions 0..=p0+i (`kernels::attention`: the
             // same bits for a row whatever the rows around it, the split or the threads).
+            let attention = clock.start(Stage::Attention);
             let mut attn = vec![0f32; n * cfg.q_dim()];
             kernels::attention::attention(
                 isa,
@@ -563,33 +608,42 @@ impl CpuTarget {
                 scale,
                 &mut attn,
             );
+            clock.stop(attention);
             let projected_o;
             let o: &[f32] = match model.packed.get(l) {
                 Some(p) => {
                     // `h` is every q/k/v input's width, a multiple of 32 (checked at
                     // load), so o's and down's outputs carry no padding rows.
                     debug_assert_eq!(p.o.stride(), h);
-                    projector.project(&p.o, &attn, cfg.q_dim())
+                    projector.project(&p.o, &attn, cfg.q_dim(), clock)
                 }
                 None => {
-                    projected_o = model.project(&layer.o, &attn, n);
+                    projected_o =
+                        clock.time(Stage::Projections, || model.project(&layer.o, &attn, n));
                     &projected_o
                 }
             };
-            for (xv, ov) in x.iter_mut().zip(o) {
-                *xv += ov;
-            }
-            kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed);
+            clock.time(Stage::Residual, || {
+                for (xv, ov) in x.iter_mut().zip(o) {
+                    *xv += ov;
+                }
+            });
+            clock.time(Stage::Norms, || {
+                kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed)
+            });
             let projected_down;
             let down: &[f32] = match model.packed.get(l) {
                 Some(p) => {
-                    let y = projector.project(&p.gate_up, &normed, h);
+                    let y = projector.project(&p.gate_up, &normed, h, clock);
                     let s = p.gate_up.stride();
-                    let mut gate = gather(y, n, s, p.gate_up.part(0));
-                    let up = gather(y, n, s, p.gate_up.part(1));
-                    kernels::swiglu(&mut gate, &up);
+                    let gate = clock.time(Stage::Activation, || {
+                        let mut gate = gather(y, n, s, p.gate_up.part(0));
+                        let up = gather(y, n, s, p.gate_up.part(1));
+                        kernels::swiglu(&mut gate, &up);
+                        gate
+                    });
                     debug_assert_eq!(p.down.stride(), h);
-                    projector.project(&p.down, &gate, cfg.intermediate_size)
+                    projector.project(&p.down, &gate, cfg.intermediate_size, clock)
                 }
                 None => {
                     let mut gate = model.project(&layer.gate, &normed, n);
@@ -599,9 +653,11 @@ impl CpuTarget {
                     &projected_down
                 }
             };
-            for (xv, dv) in x.iter_mut().zip(down) {
-                *xv += dv;
-            }
+            clock.time(Stage::Residual, || {
+                for (xv, dv) in x.iter_mut().zip(down) {
+                    *xv += dv;
+                }
+            });
             for (t, &tap) in taps.iter().enumerate() {
                 if tap == l && l != last {
                     tap_values[t] = x.clone();
@@ -609,7 +665,9 @@ impl CpuTarget {
             }
         }
         let mut final_hidden = vec![0f32; n * h];
-        kernels::rms_norm(&x, &model.weights().final_norm, eps, &mut final_hidden);
+        clock.time(Stage::Norms, || {
+            kernels::rms_norm(&x, &model.weights().final_norm, eps, &mut final_hidden)
+        });
         for (t, &tap) in taps.iter().enumerate() {
             if tap == last {
                 tap_values[t] = final_hidden.clone();
@@ -626,11 +684,13 @@ impl CpuTarget {
                 sink.push_row(&row);
             }
         }
-        let logits = if all_logits {
-            model.head_in_pool(&final_hidden, n)
-        } else {
-            model.head_in_pool(&final_hidden[(n - 1) * h..], 1)
-        };
+        let logits = clock.time(Stage::Head, || {
+            if all_logits {
+                model.head_in_pool(&final_hidden, n)
+            } else {
+                model.head_in_pool(&final_hidden[(n - 1) * h..], 1)
+            }
+        });
         self.last_hidden = final_hidden;
         Ok(logits)
     }

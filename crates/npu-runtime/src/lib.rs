@@ -34,6 +34,7 @@ mod forward;
 pub use onebit_kernels as kernels;
 mod model;
 pub mod npu;
+pub mod profile;
 
 pub use cpu::{CpuModel, CpuOptions, CpuTarget};
 pub use error::{Result, TargetError};

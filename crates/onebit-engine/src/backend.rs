@@ -12,6 +12,7 @@ use npu_runtime::{
 };
 
 use crate::error::{EngineError, Result};
+pub use npu_runtime::profile::{PassProfile, Stage};
 
 /// Where the target runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -197,6 +198,27 @@ impl<'a> Target<'a> {
             Target::Sim(t, _) => t.head(),
             #[cfg(feature = "xrt")]
             Target::Npu(t) => t.head(),
+        }
+    }
+
+    /// Profiles this session's passes from now on (`true`) or stops; only the CPU
+    /// backend times its stages: returns whether this one does.
+    pub fn set_profiling(&mut self, on: bool) -> bool {
+        match self {
+            Target::Cpu(t) => {
+                t.set_profiling(on);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The stages' times of the passes since profiling began or since the last call
+    /// (`None` when not profiling).
+    pub fn take_profile(&mut self) -> Option<PassProfile> {
+        match self {
+            Target::Cpu(t) => t.take_profile(),
+            _ => None,
         }
     }
 

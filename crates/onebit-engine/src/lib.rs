@@ -61,7 +61,7 @@ use npu_runtime::{
     CpuModel, CpuOptions, Forward, HeadKind, KvType, Precision, TapRows, TapSink, TargetPackage,
 };
 
-pub use backend::{Backend, Target};
+pub use backend::{Backend, PassProfile, Stage, Target};
 pub use error::{EngineError, Result};
 pub use report::{stats_json, stats_line};
 pub use text::{

@@ -155,6 +155,7 @@ impl Isa {
             AVX2_FMA | AVX512,
             AVX2_FMA | AVX512 | AVX512_VBMI,
             AVX2_FMA | AVX512 | AVX512_VNNI,
+            AVX2_FMA | AVX512 | AVX512_VNNI | AMX,
             all,
         ];
         let mut out: Vec<Isa> = Vec::new();

@@ -6,7 +6,9 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use npu_runtime::Forward;
-use onebit_engine::{CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, Prompt, Request};
+use onebit_engine::{
+    CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, PassProfile, Prompt, Request, Stage,
+};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -25,6 +27,11 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also time the stages of the 1/2/4/8/16-row passes (projections, quantization,
+    /// attention, norms, head, ...; the CPU backend) and print where each pass's time
+    /// goes, per pass in ms (averaged over the timed repetitions).
+    #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
+    pub profile: bool,
     /// Long-context mode: prefill N tokens (in chunks, timed once) instead of
     /// --prefill-tokens, then time decode and the n-row passes at that depth.
     #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
@@ -163,6 +170,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         rows.push((n, best));
     }
+    // Stage times: separate passes (reading the clock adds a little to each), after the
+    // timed ones so those stay unprofiled.
+    let mut profiles = Vec::new();
+    if args.profile {
+        if !target.set_profiling(true) {
+            anyhow::bail!(
+                "bench --profile: the {} backend does not time its stages (the CPU backend does)",
+                target.backend()
+            );
+        }
+        for n in [1usize, 2, 4, 8, 16] {
+            let batch = tokens(n, vocab, 3 + n);
+            target.take_profile();
+            for _ in 0..12 {
+                target.forward(&batch)?;
+                target.truncate(base)?;
+            }
+            profiles.push((n, target.take_profile().expect("profiling is on")));
+        }
+        target.set_profiling(false);
+    }
     let one = rows[0].1;
     let bytes = target.weight_bytes_per_pass();
     let achieved = bytes as f64 / decode / 1e9;
@@ -171,6 +199,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let passes: Vec<_> = rows
             .iter()
             .map(|&(n, t)| json!({"rows": n, "ms": t * 1e3, "cost_vs_1_row": t / one, "rows_per_second": n as f64 / t}))
+            .collect();
+        let profile: Vec<_> = profiles
+            .iter()
+            .map(|(n, p)| {
+                let mut stages = serde_json::Map::new();
+                for stage in Stage::ALL {
+                    stages.insert(stage.name().into(), json!(per_pass_ms(p, p.stage(stage))));
+                }
+                stages.insert("other".into(), json!(per_pass_ms(p, p.other())));
+                json!({"rows": n, "ms": per_pass_ms(p, p.total()), "stages_ms": stages})
+            })
             .collect();
         println!(
             "{}",
@@ -191,6 +230,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 "decode_weight_gb_s": achieved,
                 "decode_fraction_of_bandwidth": achieved / bandwidth,
                 "passes": passes,
+                "profile": profile,
             })
         );
     } else {
@@ -229,8 +269,40 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 n as f64 / t
             );
         }
+        if !profiles.is_empty() {
+            print_profile(&profiles);
+        }
     }
     Ok(())
+}
+
+/// A stage's time per profiled pass, ms.
+fn per_pass_ms(p: &PassProfile, time: std::time::Duration) -> f64 {
+    time.as_secs_f64() * 1e3 / p.passes().max(1) as f64
+}
+
+/// The profile table: a row per row count, a column per stage (ms per pass, averaged
+/// over the profiled passes), then the whole pass.
+fn print_profile(profiles: &[(usize, PassProfile)]) {
+    println!(
+        "where a pass's time goes (ms per pass; 'other': allocation, the team's hand-offs, taps)"
+    );
+    let mut header = String::from("rows");
+    for stage in Stage::ALL {
+        header += &format!(" {:>11}", stage.name());
+    }
+    println!("{header} {:>11} {:>11}", "other", "pass");
+    for (n, p) in profiles {
+        let mut line = format!("{n:>4}");
+        for stage in Stage::ALL {
+            line += &format!(" {:>11.3}", per_pass_ms(p, p.stage(stage)));
+        }
+        println!(
+            "{line} {:>11.3} {:>11.3}",
+            per_pass_ms(p, p.other()),
+            per_pass_ms(p, p.total())
+        );
+    }
 }
 
 /// The drafter of a speculative benchmark, by name.

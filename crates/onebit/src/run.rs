@@ -195,6 +195,8 @@ pub enum KernelArg {
     Avx512,
     Avx512vbmi,
     Avx512vnni,
+    /// AVX-512 VNNI, with AMX tiles for the int8 head's passes of 8 rows and more.
+    Amx,
 }
 
 impl KernelArg {
@@ -208,6 +210,7 @@ impl KernelArg {
             KernelArg::Avx512 => "avx2+avx512",
             KernelArg::Avx512vbmi => "avx2+avx512+vbmi",
             KernelArg::Avx512vnni => "avx2+avx512+vnni",
+            KernelArg::Amx => "avx2+avx512+vnni+amx",
         };
         Isa::available()
             .into_iter()

@@ -208,6 +208,78 @@ fn bench_reports_json() {
     }
 }
 
+/// `bench --profile`: per row count, a time for every stage of the pass, which add up to
+/// no more than the pass (the rest is "other"); the stages that every pass runs took
+/// time; the table has a line per row count. Without --profile there is no profile.
+#[test]
+fn bench_profile_times_every_stage() {
+    let bench = |extra: &[&str]| {
+        onebit()
+            .arg("bench")
+            .args(extra)
+            .args(["--decode-tokens", "2", "--prefill-tokens", "8", "--model"])
+            .arg(fixture("tiny-llama"))
+            .output()
+            .unwrap()
+    };
+    let v = json_of(bench(&["--json", "--profile"]));
+    let profile = v["profile"].as_array().unwrap();
+    assert_eq!(
+        profile
+            .iter()
+            .map(|p| p["rows"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2, 4, 8, 16]
+    );
+    for p in profile {
+        let stages = p["stages_ms"].as_object().unwrap();
+        let names: Vec<&str> = stages.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "embed",
+                "norms",
+                "quantize",
+                "projections",
+                "rope",
+                "kv-append",
+                "attention",
+                "activation",
+                "residual",
+                "head",
+                "other"
+            ]
+        );
+        let sum: f64 = stages.values().map(|t| t.as_f64().unwrap()).sum();
+        let pass = p["ms"].as_f64().unwrap();
+        assert!(
+            (sum - pass).abs() <= 1e-6 * pass.max(1.0),
+            "stages add up to the pass: {p}"
+        );
+        for stage in ["norms", "quantize", "projections", "attention", "head"] {
+            assert!(
+                stages[stage].as_f64().unwrap() > 0.0,
+                "{stage} untimed: {p}"
+            );
+        }
+    }
+    assert_eq!(
+        json_of(bench(&["--json"]))["profile"],
+        serde_json::json!([])
+    );
+    let text = String::from_utf8(bench(&["--profile"]).stdout).unwrap();
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("where a pass's time goes"))
+        .skip(2)
+        .collect();
+    let counts: Vec<&str> = table
+        .iter()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(counts, ["1", "2", "4", "8", "16"], "{text}");
+}
+
 /// `--kv-type` picks the KV cache's storage and reports it; `auto` is f32 at
 /// `--precision f32` (the exact reference) and bf16 at the integer precisions.
 #[test]

@@ -719,6 +719,9 @@ impl I8Matrix {
     }
 }
 
+/// Int8 blocks per task: enough work to amortise the task, many tasks to balance.
+const I8_TASK_BLOCKS: usize = 8;
+
 /// The variants of this family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
@@ -729,7 +732,7 @@ enum Variant {
     AvxVnni,
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
-    /// AMX tiles from [`amx::pays`]'s row count, AVX-512 VNNI below it.
+    /// AVX-512 VNNI, and AMX tiles for the int8 head from [`amx::pays`]'s row count.
     #[cfg(target_arch = "x86_64")]
     Amx,
 }
@@ -765,7 +768,7 @@ pub fn variant_name(isa: Isa) -> &'static str {
         #[cfg(target_arch = "x86_64")]
         Variant::Avx512Vnni => "avx512vnni",
         #[cfg(target_arch = "x86_64")]
-        Variant::Amx => "amx+avx512vnni",
+        Variant::Amx => "avx512vnni+amx-head",
     }
 }
 
@@ -799,8 +802,6 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         return;
     }
     let kernel = variant(isa);
-    #[cfg(target_arch = "x86_64")]
-    let tiles = kernel == Variant::Amx && amx::pays(x.level_rows());
     // Each task writes its 32-row block's outputs for every input row straight into `y`.
     crate::team::for_each_column_block(y, stride, BLOCK_ROWS, |b, mut out| match kernel {
         Variant::Scalar => reference::block_q4(w, b, x, &mut out),
@@ -814,10 +815,8 @@ pub fn matmul_q4(w: &PackedQ4, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
         // SAFETY: as above (avx512f, bw, vl, vnni detected).
         Variant::Avx512Vnni => unsafe { x86::block_q4_avx512vnni(w, b, x, &mut out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above (AMX usable, avx512f, bw, vl, vnni detected).
-        Variant::Amx if tiles => unsafe { amx::block_q4_hardware(isa, w, b, x, &mut out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
+        // SAFETY: as above (AMX implies AVX-512 VNNI). The q4 tile kernel is not chosen
+        // (`amx::matmul_q4_hardware` says why).
         Variant::Amx => unsafe { x86::block_q4_avx512vnni(w, b, x, &mut out) },
     });
 }
@@ -835,14 +834,14 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
     }
     let kernel = variant(isa);
     #[cfg(target_arch = "x86_64")]
-    let tiles = kernel == Variant::Amx && amx::pays(x.level_rows());
-    /// Blocks per task: enough work to amortise the task, many tasks to balance.
-    const TASK_BLOCKS: usize = 8;
-    let width = TASK_BLOCKS * I8_BLOCK_ROWS;
+    if kernel == Variant::Amx && amx::pays(x.level_rows()) {
+        return amx::matmul_i8_hardware(isa, w, x, y);
+    }
+    let width = I8_TASK_BLOCKS * I8_BLOCK_ROWS;
     // Each task writes its blocks' outputs for every input row straight into `y`.
     crate::team::for_each_column_block(y, rows, width, |t, mut out| {
         for j in 0..out.width().div_ceil(I8_BLOCK_ROWS) {
-            let b = t * TASK_BLOCKS + j;
+            let b = t * I8_TASK_BLOCKS + j;
             let mut out = out.columns(j * I8_BLOCK_ROWS, (j + 1) * I8_BLOCK_ROWS);
             match kernel {
                 Variant::Scalar => reference::block_i8(w, b, x, &mut out),
@@ -856,10 +855,7 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
                 // SAFETY: as above.
                 Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above (AMX usable).
-                Variant::Amx if tiles => unsafe { amx::block_i8_hardware(isa, w, b, x, &mut out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
+                // SAFETY: as above (AMX implies AVX-512 VNNI): few rows.
                 Variant::Amx => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
             }
         }
