@@ -1276,7 +1276,13 @@ fn an_api_key_locks_every_route_but_health() {
         let r = r.send().unwrap();
         let status = r.status().as_u16();
         let www = r.headers().get("www-authenticate").cloned();
-        (status, www, r.json::<Value>().unwrap())
+        // JSON, but for /metrics' text.
+        let text = r.text().unwrap();
+        (
+            status,
+            www,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     };
     let good = format!("Bearer {key}");
     let mut knocked = 0;
@@ -1464,4 +1470,115 @@ fn tokenization_leaves_the_async_threads_free() {
     for h in busy {
         assert_eq!(h.join().unwrap(), 200);
     }
+}
+
+/// The text-format samples of a /metrics scrape, by series (name and labels).
+fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
+    let r = client().get(s.url("/metrics")).send().unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = r.text().unwrap();
+    let mut samples = std::collections::HashMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            assert!(
+                line.starts_with("# HELP onebit_") || line.starts_with("# TYPE onebit_"),
+                "{line}"
+            );
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        samples.insert(series.to_string(), value.parse().unwrap());
+    }
+    samples
+}
+
+#[test]
+fn metrics_count_requests_tokens_the_queue_and_sessions() {
+    let (_dir, pkg) = tiny();
+    let s = Arc::new(Server::start(
+        &pkg,
+        &["--q-len", "4", "--debug-token-delay-ms", "20"],
+        true,
+    ));
+    let m = scrape(&s);
+    assert_eq!(m["onebit_model_loaded"], 1.0);
+    assert_eq!(m["onebit_sessions"], 1.0);
+    assert_eq!(m["onebit_sessions_active"], 0.0);
+    assert_eq!(m["onebit_queue_depth"], 0.0);
+    assert_eq!(m["onebit_generated_tokens_total"], 0.0);
+    let (_, a) = s.post("/v1/chat/completions", &chat("Count me", 3));
+    let (_, b) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(s.post("/v1/chat/completions", &json!({})).0, 400);
+    assert_eq!(s.get("/v1/nothing").0, 404);
+    let m = scrape(&s);
+    let series = |route: &str, status: u16| {
+        m.get(&format!(
+            "onebit_requests_total{{route=\"{route}\",status=\"{status}\"}}"
+        ))
+        .copied()
+    };
+    assert_eq!(series("/v1/chat/completions", 200), Some(1.0), "{m:?}");
+    assert_eq!(series("/v1/chat/completions", 400), Some(1.0), "{m:?}");
+    assert_eq!(series("/v1/completions", 200), Some(1.0), "{m:?}");
+    assert_eq!(
+        series("/health", 200),
+        Some(1.0),
+        "the start's readiness probe: {m:?}"
+    );
+    assert_eq!(series("unmatched", 404), Some(1.0), "{m:?}");
+    // The first scrape is counted once it is answered.
+    assert_eq!(series("/metrics", 200), Some(1.0), "{m:?}");
+    let sum = |key: &str| a["usage"][key].as_u64().unwrap() + b["usage"][key].as_u64().unwrap();
+    assert_eq!(m["onebit_prompt_tokens_total"], sum("prompt_tokens") as f64);
+    assert_eq!(
+        m["onebit_generated_tokens_total"],
+        sum("completion_tokens") as f64
+    );
+    assert_eq!(
+        m["onebit_prompt_tokens_cached_total"],
+        (a["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            + b["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()) as f64
+    );
+    // One generating (20 ms a token for 100 tokens) and two waiting.
+    let long =
+        json!({"prompt": [1, 5, 9], "max_tokens": 100, "temperature": 0, "ignore_eos": true});
+    let busy: Vec<_> = (0..3)
+        .map(|i| {
+            let (s, long) = (s.clone(), long.clone());
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 150 }));
+            std::thread::spawn(move || s.post("/v1/completions", &long).0)
+        })
+        .collect();
+    let start = Instant::now();
+    let m = loop {
+        let m = scrape(&s);
+        if m["onebit_queue_depth"] == 2.0 || start.elapsed() > Duration::from_secs(5) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(m["onebit_queue_depth"], 2.0, "{m:?}");
+    assert_eq!(m["onebit_sessions_active"], 1.0, "{m:?}");
+    for h in busy {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    let m = scrape(&s);
+    assert_eq!(m["onebit_queue_depth"], 0.0);
+    assert_eq!(m["onebit_sessions_active"], 0.0);
+    assert_eq!(series_of(&m, "/v1/completions", 200), 4.0);
+}
+
+fn series_of(m: &std::collections::HashMap<String, f64>, route: &str, status: u16) -> f64 {
+    m[&format!("onebit_requests_total{{route=\"{route}\",status=\"{status}\"}}")]
 }

@@ -10,6 +10,7 @@
 //! next token and the session goes back to the pool.
 
 mod api;
+mod metrics;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -120,11 +121,14 @@ struct App {
     created: u64,
     /// `--api-key`: required of every route but /health.
     api_key: Option<String>,
+    metrics: metrics::Metrics,
 }
 
 /// The loaded model and its sessions.
 struct Ready {
     engine: Arc<Engine>,
+    /// `--parallel`: the sessions, and the permits when none is generating.
+    parallel: usize,
     permits: Arc<Semaphore>,
     sessions: Mutex<Vec<Session>>,
     package_bytes: u64,
@@ -247,6 +251,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         started: Instant::now(),
         created: api::unix_now(),
         api_key,
+        metrics: metrics::Metrics::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -305,6 +310,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 };
                 let info = engine.info().clone();
                 let _ = app.ready.set(Ready {
+                    parallel,
                     permits: Arc::new(Semaphore::new(parallel)),
                     sessions: Mutex::new(sessions),
                     engine,
@@ -378,12 +384,61 @@ fn router(app: Arc<App>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/apply-template", post(apply_template))
+        .route("/metrics", get(metrics_route))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             require_key,
         ));
-    open.merge(locked).with_state(app)
+    open.merge(locked)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            count_answers,
+        ))
+        .with_state(app)
+}
+
+/// Counts every answer (a 401 too) by the route's pattern, so that paths nobody serves
+/// add one `unmatched` series rather than one series each.
+async fn count_answers(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = next.run(request).await;
+    app.metrics.answered(&route, response.status().as_u16());
+    response
+}
+
+/// `GET /metrics`: Prometheus' text format.
+async fn metrics_route(State(app): State<Arc<App>>) -> Response {
+    let gauges = match app.ready.get() {
+        Some(r) => metrics::Gauges {
+            queue_depth: app.waiting.load(Ordering::Acquire),
+            active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
+            sessions: r.parallel,
+            ready: true,
+        },
+        None => metrics::Gauges {
+            queue_depth: 0,
+            active_sessions: 0,
+            sessions: 0,
+            ready: false,
+        },
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(&gauges),
+    )
+        .into_response()
 }
 
 /// The API key check: without `--api-key` every request passes; with it, a request
@@ -1035,7 +1090,10 @@ async fn run_job(
                 }
             };
             match &result {
-                Ok(c) => log_done(&app, route, c, start),
+                Ok(c) => {
+                    app.metrics.generated(c);
+                    log_done(&app, route, c, start);
+                }
                 Err(e) => {
                     engine_error(&app, route, e);
                 }
