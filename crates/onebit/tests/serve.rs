@@ -1317,10 +1317,10 @@ fn an_api_key_locks_every_route_but_health() {
     // Unknown paths are locked too (they say nothing about the server without a key).
     assert_eq!(send("GET", "/v2/anything", None).0, 401);
     assert_eq!(send("GET", "/v2/anything", Some(&good)).0, 404);
-    // A generation with the key.
+    // A generation with the key (the scheme's name in any case).
     let r = client()
         .post(s.url("/v1/chat/completions"))
-        .header("authorization", &good)
+        .header("authorization", format!("bearer {key}"))
         .json(&chat("Hi", 2))
         .send()
         .unwrap();

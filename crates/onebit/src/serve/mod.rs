@@ -457,7 +457,12 @@ async fn require_key(
         .map(|v| v.as_bytes());
     let message = match given {
         None => "serve: this server requires an API key (--api-key): send the header 'Authorization: Bearer KEY'",
-        Some(v) => match v.strip_prefix(b"Bearer ") {
+        // The scheme's name is case-insensitive (RFC 9110).
+        Some(v) => match v
+            .get(..7)
+            .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
+            .map(|_| &v[7..])
+        {
             Some(token) if same_key(token, key.as_bytes()) => return next.run(request).await,
             Some(_) => "serve: the API key in the Authorization header does not match the server's --api-key",
             None => "serve: the Authorization header must be 'Bearer KEY' (the server's --api-key)",
