@@ -651,6 +651,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "request-tokenized-on-the-async-threads",
+        file: "crates/onebit/src/serve/mod.rs",
+        find: "blocking(move || prepare_blocking(&app, &bytes, route)).await",
+        replace: "prepare_blocking(&app, &bytes, route)",
+        tests: &["-p", "onebit", "--test", "serve", "tokenization_leaves"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "latest-tag-not-stripped",
         file: "crates/onebit/src/serve/mod.rs",
         find: "name.strip_suffix(\":latest\").unwrap_or(name)",
