@@ -677,6 +677,44 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // onebit serve: what clients rely on.
+    Mutant {
+        name: "seed-defaults-to-a-constant",
+        file: "crates/onebit/src/serve/api.rs",
+        find: "None | Some(-1) => fresh_seed(),",
+        replace: "None | Some(-1) => 0,",
+        tests: &["-p", "onebit", "--test", "serve", "unseeded_requests"],
+        also: None,
+        requires: &[],
+    },
+    // /api/ps moved out of the locked router into the open one (beside /health).
+    Mutant {
+        name: "api-key-unchecked-on-a-route",
+        file: "crates/onebit/src/serve/mod.rs",
+        find: "let open = Router::new().route(\"/health\", get(health));",
+        replace: "let open = Router::new().route(\"/health\", get(health)).route(\"/api/ps\", axum::routing::get(ps));",
+        tests: &["-p", "onebit", "--test", "serve", "an_api_key_locks"],
+        also: Some(("crates/onebit/src/serve/mod.rs", ".route(\"/api/ps\", get(ps))", "")),
+        requires: &[],
+    },
+    Mutant {
+        name: "request-tokenized-on-the-async-threads",
+        file: "crates/onebit/src/serve/mod.rs",
+        find: "blocking(move || prepare_blocking(&app, &bytes, route)).await",
+        replace: "prepare_blocking(&app, &bytes, route)",
+        tests: &["-p", "onebit", "--test", "serve", "tokenization_leaves"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "latest-tag-not-stripped",
+        file: "crates/onebit/src/serve/mod.rs",
+        find: "name.strip_suffix(\":latest\").unwrap_or(name)",
+        replace: "name",
+        tests: &["-p", "onebit", "--test", "serve", "latest"],
+        also: None,
+        requires: &[],
+    },
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`

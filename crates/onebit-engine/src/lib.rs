@@ -383,32 +383,64 @@ impl Engine {
                 .encode(s, true)?,
             Prompt::Chat(messages) => {
                 let text = self.text.as_ref().ok_or(EngineError::NoTokenizer)?;
-                let template = self.chat_template().unwrap_or(FALLBACK_CHAT_TEMPLATE);
-                text.encode(&render_chat(template, messages)?, false)?
+                text.encode(&self.render_chat(messages)?, false)?
             }
         };
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        self.check_ids(&ids)?;
+        Ok(ids)
+    }
+
+    /// The text chat `messages` become before tokenization: the package's template, or
+    /// the ChatML fallback when it has none (what [`Engine::tokenize`] encodes).
+    pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+        let template = self.chat_template().unwrap_or(FALLBACK_CHAT_TEMPLATE);
+        render_chat(template, messages)
+    }
+
+    /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS template.
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        self.text
+            .as_ref()
+            .ok_or(EngineError::NoTokenizer)?
+            .encode(text, special)
+    }
+
+    /// The text of `ids` with special tokens written out (the inverse of [`Engine::encode`]),
+    /// refusing an id outside the vocabulary.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids)?;
+        self.text
+            .as_ref()
+            .ok_or(EngineError::NoTokenizer)?
+            .decode_with_special(ids)
+    }
+
+    /// The target's own refusal of an id outside the vocabulary, before anything runs.
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
         let vocab = self.package.config.vocab_size;
-        // The target's own refusal, before anything runs.
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::Target(
                 npu_runtime::TargetError::TokenOutOfRange { token: bad, vocab },
             ));
         }
-        Ok(ids)
+        Ok(())
     }
 
     /// Refuses a prompt of `prompt` tokens plus `max_tokens` that does not fit the
-    /// context (when one is set).
+    /// context (when one is set). Saturating: a `max_tokens` near `usize::MAX` is
+    /// refused, never wrapped around to a small sum.
     pub fn check_fits(&self, prompt: usize, max_tokens: usize) -> Result<()> {
         match self.ctx_len {
-            Some(ctx) if prompt + max_tokens > ctx => Err(EngineError::ContextOverflow {
-                prompt,
-                max_tokens,
-                ctx,
-            }),
+            Some(ctx) if prompt.saturating_add(max_tokens) > ctx => {
+                Err(EngineError::ContextOverflow {
+                    prompt,
+                    max_tokens,
+                    ctx,
+                })
+            }
             _ => Ok(()),
         }
     }

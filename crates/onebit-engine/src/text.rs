@@ -66,6 +66,13 @@ impl Text {
             .decode(ids, true)
             .map_err(|e| EngineError::Decode(e.to_string()))
     }
+
+    /// Text of `ids` with special tokens written out (what a prompt's ids stand for).
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| EngineError::Decode(e.to_string()))
+    }
 }
 
 /// Renders a Hugging Face chat template over `messages`, with the generation prompt

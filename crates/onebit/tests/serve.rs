@@ -858,3 +858,727 @@ fn the_default_context_is_capped_by_available_memory() {
     );
     assert!(log.iter().any(|l| l.contains("(ctx 200,")), "{log:?}");
 }
+
+/// A sampled completion of 24 tokens past end-of-sequence from a fixed token prompt.
+fn sampled(seed: Option<i64>) -> Value {
+    let mut body =
+        json!({"prompt": [1, 40, 50], "max_tokens": 24, "temperature": 0.9, "ignore_eos": true});
+    if let Some(s) = seed {
+        body["seed"] = json!(s);
+    }
+    body
+}
+
+/// Without a seed each request draws a fresh one, reported in the response; the same
+/// seed gives the same answer.
+///
+/// Served: the tiny-qwen3 fixture, whose tokenizer spells each of its 512 ids as its own
+/// piece (`<0xB1>`, `rr`, ...), so different tokens make different text (tiny-llama's
+/// converted byte-fallback tokenizer turns many ids into the same U+FFFD). Its weights
+/// are random and its next-token distributions broad: of 200 seeded 24-token samples
+/// from this prompt at temperature 0.9, pairs agreed on the first token 8.6% of the
+/// time, on the first two 1.0%, three 0.2%, four 0.015%, six never. At that rate of
+/// about a tenth per token, two 24-token answers agree with a probability near 1e-20.
+#[test]
+fn unseeded_requests_draw_a_fresh_seed_and_a_seed_replays() {
+    let s = Server::start(&common::fixture("tiny-qwen3"), &[], true);
+    let (st, a) = s.post("/v1/completions", &sampled(None));
+    assert_eq!(st, 200, "{a}");
+    let (_, b) = s.post("/v1/completions", &sampled(None));
+    let (seed_a, seed_b) = (a["seed"].as_i64().unwrap(), b["seed"].as_i64().unwrap());
+    assert_ne!(seed_a, seed_b);
+    // Below 2^53, so a JavaScript client can send it back unchanged.
+    assert!((0..1 << 53).contains(&seed_a), "{seed_a}");
+    assert_ne!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "two unseeded answers at temperature 0.9 are equal"
+    );
+    // The reported seed replays the answer, once or twice.
+    for _ in 0..2 {
+        let (_, r) = s.post("/v1/completions", &sampled(Some(seed_a)));
+        assert_eq!(r["choices"][0]["text"], a["choices"][0]["text"]);
+        assert_eq!(r["seed"], seed_a);
+    }
+    // -1 is "random" (llama.cpp's and Ollama's spelling), a negative seed otherwise is a seed.
+    let (_, r) = s.post("/v1/completions", &sampled(Some(-1)));
+    assert!(r["seed"].as_i64().unwrap() >= 0, "{r}");
+    let (_, n1) = s.post("/v1/completions", &sampled(Some(-7)));
+    let (_, n2) = s.post("/v1/completions", &sampled(Some(-7)));
+    assert_eq!(n1["seed"], -7);
+    assert_eq!(n1["choices"], n2["choices"]);
+    // Streamed chunks carry the seed too, and the streamed text replays.
+    let mut body = sampled(Some(seed_a));
+    body["stream"] = json!(true);
+    let (_, _, raw) = s.post_raw("/v1/completions", &body);
+    let events = sse_events(&raw);
+    let mut text = String::new();
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(v["seed"], seed_a, "{v}");
+        text.push_str(v["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(text, a["choices"][0]["text"].as_str().unwrap());
+    // Chat.
+    let mut chat_body = chat("Tell me something", 16);
+    chat_body["model"] = json!("tiny-qwen3");
+    chat_body["temperature"] = json!(0.9);
+    let (_, c) = s.post("/v1/chat/completions", &chat_body);
+    chat_body["seed"] = c["seed"].clone();
+    let (_, d) = s.post("/v1/chat/completions", &chat_body);
+    assert_eq!(c["choices"], d["choices"]);
+    // Ollama: the seed is in the final object, streamed or not.
+    let ollama = |seed: Option<i64>, stream: bool| {
+        let mut options = json!({"num_predict": 16, "temperature": 0.9});
+        if let Some(seed) = seed {
+            options["seed"] = json!(seed);
+        }
+        let body = json!({"model": "tiny-qwen3", "prompt": "Once upon a time", "stream": stream, "options": options});
+        let (_, _, raw) = s.post_raw("/api/generate", &body);
+        let lines: Vec<Value> = raw
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let text: String = lines
+            .iter()
+            .map(|l| l["response"].as_str().unwrap())
+            .collect();
+        (lines.last().unwrap()["seed"].as_i64().unwrap(), text)
+    };
+    let (seed_o, text_o) = ollama(None, false);
+    let (seed_p, _) = ollama(None, true);
+    assert_ne!(seed_o, seed_p);
+    assert_eq!(ollama(Some(seed_o), true), (seed_o, text_o.clone()));
+    assert_eq!(ollama(Some(seed_o), false), (seed_o, text_o));
+}
+
+#[test]
+fn models_are_retrieved_by_name_and_latest_is_the_plain_name() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let (_, list) = s.get("/v1/models");
+    for id in ["tiny-llama", "tiny-llama:latest"] {
+        let (st, v) = s.get(&format!("/v1/models/{id}"));
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v, list["data"][0]);
+    }
+    let (st, v) = s.get("/v1/models/gpt-17");
+    let e = assert_error((st, v), 404, "The model 'gpt-17' does not exist");
+    assert_eq!(e["code"], "model_not_found");
+    assert_eq!(s.get("/v1/models/tiny-llama:7b").0, 404);
+    // Everywhere a model is named.
+    let mut body = chat("Hi", 2);
+    body["model"] = json!("tiny-llama:latest");
+    assert_eq!(s.post("/v1/chat/completions", &body).0, 200);
+    let (st, v) = s.post(
+        "/v1/completions",
+        &json!({"model": "tiny-llama:latest", "prompt": "Hi", "max_tokens": 2}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"model": "tiny-llama:latest", "stream": false, "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 2}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "tiny-llama:latest", "stream": false, "prompt": "Hi", "options": {"num_predict": 2}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        s.post("/api/show", &json!({"model": "tiny-llama:latest"}))
+            .0,
+        200
+    );
+    assert_eq!(
+        s.post("/api/generate", &json!({"model": "tiny-llama:latest"}))
+            .0,
+        200
+    );
+    let (st, v) = s.post("/api/show", &json!({"model": "tiny-llama:7b"}));
+    assert_eq!(
+        (st, v),
+        (404, json!({"error": "model 'tiny-llama:7b' not found"}))
+    );
+}
+
+#[test]
+fn llama_server_text_routes_tokenize_detokenize_and_apply_the_template() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let (st, plain) = s.post("/tokenize", &json!({"content": "Hello world"}));
+    assert_eq!(st, 200, "{plain}");
+    let plain: Vec<u64> = serde_json::from_value(plain["tokens"].clone()).unwrap();
+    assert!(!plain.is_empty());
+    let (_, special) = s.post(
+        "/tokenize",
+        &json!({"content": "Hello world", "add_special": true}),
+    );
+    let special: Vec<u64> = serde_json::from_value(special["tokens"].clone()).unwrap();
+    // add_special puts the tokenizer's BOS in front (llama-server's default is false).
+    assert_eq!(special.len(), plain.len() + 1, "{special:?} vs {plain:?}");
+    assert_eq!(&special[1..], &plain[..]);
+    let (st, v) = s.post("/detokenize", &json!({"tokens": plain}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["content"].as_str().unwrap().trim_start(), "Hello world");
+    // /apply-template gives the text a chat becomes: tokenized, exactly the chat's prompt.
+    let messages =
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]);
+    let (st, v) = s.post("/apply-template", &json!({"messages": messages}));
+    assert_eq!(st, 200, "{v}");
+    let prompt = v["prompt"].as_str().unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let (_, tokens) = s.post("/tokenize", &json!({"content": prompt}));
+    let (_, c) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(
+        c["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        tokens["tokens"].as_array().unwrap().len()
+    );
+    // Refusals, by name.
+    assert_error(
+        s.post("/tokenize", &json!({})),
+        400,
+        "'content' is required",
+    );
+    assert_error(
+        s.post("/tokenize", &json!({"content": "x", "with_pieces": true})),
+        400,
+        "'with_pieces' is not supported",
+    );
+    let e = assert_error(
+        s.post("/detokenize", &json!({"tokens": [5, 4294967297u64]})),
+        400,
+        "tokens[1]: token id 4294967297 is not a token id",
+    );
+    assert_eq!(e["param"], "tokens[1]");
+    assert_error(
+        s.post("/detokenize", &json!({"tokens": [5, 999999]})),
+        400,
+        "tokens: target: token id 999999 is outside the vocabulary of 512",
+    );
+    assert_error(
+        s.post(
+            "/apply-template",
+            &json!({"messages": [{"role": "user", "content": null}]}),
+        ),
+        400,
+        "messages[0].content is null or missing",
+    );
+    assert_error(
+        s.post("/apply-template", &json!({"messages": []})),
+        400,
+        "'messages' must hold at least one message",
+    );
+}
+
+#[test]
+fn hostile_sizes_ids_and_nulls_get_named_400s() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let e = assert_error(
+        s.post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2], "max_tokens": u64::MAX}),
+        ),
+        400,
+        "the prompt has 2 tokens and max_tokens is 18446744073709551615, but the context holds 256 tokens",
+    );
+    assert_eq!(e["param"], "max_tokens");
+    let mut body = chat("x", 1);
+    body["max_tokens"] = json!(u64::MAX - 1);
+    body["max_completion_tokens"] = json!(u64::MAX);
+    assert_error(
+        s.post("/v1/chat/completions", &body),
+        400,
+        "max_completion_tokens is 18446744073709551615",
+    );
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"prompt": "x", "stream": false, "options": {"num_predict": i64::MAX}}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("options.num_predict is 9223372036854775807"),
+        "{v}"
+    );
+    let e = assert_error(
+        s.post(
+            "/v1/completions",
+            &json!({"prompt": [4294967297u64, 5], "max_tokens": 2}),
+        ),
+        400,
+        "prompt[0]: token id 4294967297 is not a token id",
+    );
+    assert_eq!(e["param"], "prompt[0]");
+    let e = assert_error(
+        s.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": null}], "max_tokens": 2}),
+        ),
+        400,
+        "messages[1].content is null or missing",
+    );
+    assert_eq!(e["param"], "messages[1].content");
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"stream": false, "messages": [{"role": "user"}]}),
+    );
+    assert_eq!(st, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("messages[0].content is null or missing"),
+        "{v}"
+    );
+    // The server is still fine.
+    assert_eq!(s.post("/v1/chat/completions", &chat("x", 2)).0, 200);
+    assert_eq!(s.get("/health").0, 200);
+}
+
+#[test]
+fn ollama_preloads_and_unloads_without_generating() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    for body in [
+        json!({"model": "tiny-llama"}),
+        json!({"model": "tiny-llama", "prompt": ""}),
+    ] {
+        let (st, v) = s.post("/api/generate", &body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["done"], true);
+        assert_eq!(v["done_reason"], "load");
+        assert_eq!(v["response"], "");
+        assert!(v.get("eval_count").is_none(), "nothing generated: {v}");
+    }
+    let (_, v) = s.post("/api/chat", &json!({"model": "tiny-llama", "messages": []}));
+    assert_eq!(v["done_reason"], "load");
+    assert_eq!(v["message"], json!({"role": "assistant", "content": ""}));
+    assert_eq!(
+        s.post("/api/generate", &json!({"model": "llama9"})),
+        (404, json!({"error": "model 'llama9' not found"}))
+    );
+    // A repeated prompt reuses the session's cache; after an unload it does not.
+    let body = chat("The same question twice", 2);
+    s.post("/v1/chat/completions", &body);
+    let (_, v) = s.post("/v1/chat/completions", &body);
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    for keep_alive in [json!(0), json!("0s"), json!("0")] {
+        let (st, v) = s.post(
+            "/api/generate",
+            &json!({"model": "tiny-llama", "keep_alive": keep_alive}),
+        );
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["done_reason"], "unload");
+        let (_, v) = s.post("/v1/chat/completions", &body);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    }
+    let (_, v) = s.post(
+        "/api/chat",
+        &json!({"model": "tiny-llama", "messages": [], "keep_alive": 0}),
+    );
+    assert_eq!(v["done_reason"], "unload");
+    // A generation with keep_alive 0 leaves nothing cached behind it.
+    s.post("/v1/chat/completions", &body);
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"stream": false, "keep_alive": 0, "messages": [{"role": "user", "content": "The same question twice"}], "options": {"num_predict": 2}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["done"], true);
+    let (_, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // Any other keep_alive is accepted; a malformed one is refused by name.
+    assert_eq!(
+        s.post(
+            "/api/generate",
+            &json!({"model": "tiny-llama", "keep_alive": "1h30m"})
+        )
+        .1["done_reason"],
+        "load"
+    );
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "tiny-llama", "keep_alive": "soon"}),
+    );
+    assert_eq!(st, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("'keep_alive' must be"),
+        "{v}"
+    );
+}
+
+/// Every route of the server, read from the `.route(` calls in serve/mod.rs (so a route
+/// added there is knocked on here too), with `{...}` path parameters filled in.
+fn all_routes() -> Vec<(String, String)> {
+    let source = include_str!("../src/serve/mod.rs");
+    let mut routes = Vec::new();
+    for (at, _) in source.match_indices(".route(\"") {
+        let rest = &source[at + ".route(\"".len()..];
+        let path = &rest[..rest.find('"').unwrap()];
+        let after = rest[path.len() + 1..].trim_start_matches([',', ' ', '\n']);
+        let method = after[..after.find('(').unwrap()]
+            .rsplit("::")
+            .next()
+            .unwrap();
+        let mut filled = String::new();
+        let mut inside = false;
+        for c in path.chars() {
+            match c {
+                '{' => inside = true,
+                '}' => {
+                    inside = false;
+                    filled.push_str("tiny-llama");
+                }
+                _ if !inside => filled.push(c),
+                _ => {}
+            }
+        }
+        routes.push((method.to_uppercase(), filled));
+    }
+    routes
+}
+
+#[test]
+fn an_api_key_locks_every_route_but_health() {
+    let routes = all_routes();
+    assert!(routes.len() >= 15, "{routes:?}");
+    assert!(routes.contains(&("POST".into(), "/tokenize".into())));
+    let (_dir, pkg) = tiny();
+    let key = "sk-test-0123456789";
+    let s = Server::start(&pkg, &["--api-key", key], true);
+    let send = |method: &str, path: &str, auth: Option<&str>| {
+        let c = client();
+        let mut r = match method {
+            "GET" => c.get(s.url(path)),
+            "POST" => c.post(s.url(path)).json(&json!({})),
+            other => panic!("a route with method {other}: add it here"),
+        };
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        let r = r.send().unwrap();
+        let status = r.status().as_u16();
+        let www = r.headers().get("www-authenticate").cloned();
+        // JSON, but for /metrics' text.
+        let text = r.text().unwrap();
+        (
+            status,
+            www,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    };
+    let good = format!("Bearer {key}");
+    let mut knocked = 0;
+    for (method, path) in &routes {
+        if path == "/health" {
+            assert_eq!(send(method, path, None).0, 200);
+            continue;
+        }
+        for auth in [None, Some("Bearer sk-wrong"), Some(key), Some("Bearer ")] {
+            let (st, www, v) = send(method, path, auth);
+            assert_eq!(st, 401, "{method} {path} with {auth:?}: {v}");
+            assert_eq!(www.unwrap(), "Bearer");
+            // The route's API's error shape.
+            if path.starts_with("/api/") {
+                assert!(v["error"].as_str().unwrap().contains("--api-key"), "{v}");
+            } else {
+                assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+                assert!(v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--api-key"));
+            }
+        }
+        let (st, _, v) = send(method, path, Some(&good));
+        assert_ne!(st, 401, "{method} {path}: {v}");
+        if method == "GET" {
+            assert_eq!(st, 200, "{method} {path}: {v}");
+        }
+        knocked += 1;
+    }
+    assert_eq!(knocked, routes.len() - 1);
+    // Unknown paths are locked too (they say nothing about the server without a key).
+    assert_eq!(send("GET", "/v2/anything", None).0, 401);
+    assert_eq!(send("GET", "/v2/anything", Some(&good)).0, 404);
+    // A generation with the key (the scheme's name in any case).
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .header("authorization", format!("bearer {key}"))
+        .json(&chat("Hi", 2))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(s);
+    // The key from the environment.
+    let env_key = Path::new("from-the-environment");
+    let s = Server::start_env(&pkg, &[], &[("ONEBIT_API_KEY", env_key)], true);
+    assert_eq!(s.get("/v1/models").0, 401);
+    let r = client()
+        .get(s.url("/v1/models"))
+        .header("authorization", "Bearer from-the-environment")
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[test]
+fn cors_headers_only_when_asked_for() {
+    let (_dir, pkg) = tiny();
+    let origin = "http://webui.example";
+    let preflight = |s: &Server| {
+        client()
+            .request(reqwest::Method::OPTIONS, s.url("/v1/chat/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+            .unwrap()
+    };
+    let s = Server::start(&pkg, &["--cors", origin, "--api-key", "k"], true);
+    // The preflight needs no key (browsers send none with it).
+    let r = preflight(&s);
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(r.headers()["access-control-allow-origin"], origin);
+    let methods = r.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap();
+    assert!(methods.contains("POST"), "{methods}");
+    let headers = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(headers.contains("authorization"), "{headers}");
+    // Answers (a 401 too, so the page can read why) carry the origin.
+    let r = client()
+        .get(s.url("/v1/models"))
+        .header("origin", origin)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["access-control-allow-origin"], origin);
+    // Another origin is not allowed.
+    let r = client()
+        .get(s.url("/health"))
+        .header("origin", "http://elsewhere.example")
+        .send()
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    drop(s);
+    // Default: no CORS headers at all.
+    let s = Server::start(&pkg, &[], true);
+    let r = preflight(&s);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let r = client()
+        .get(s.url("/health"))
+        .header("origin", origin)
+        .send()
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+/// Listening on every interface without a key prints a warning (no request is sent to
+/// that listener); on loopback, or with a key, there is none.
+#[test]
+fn listening_beyond_loopback_without_a_key_warns() {
+    let (_dir, pkg) = tiny();
+    let warning = "without an API key: anyone who can reach this address can use the model";
+    let s = Server::start(
+        &pkg,
+        &["--host", "0.0.0.0", "--debug-load-delay-ms", "60000"],
+        false,
+    );
+    s.wait_log(warning, 1);
+    drop(s);
+    let s = Server::start(
+        &pkg,
+        &[
+            "--host",
+            "0.0.0.0",
+            "--api-key",
+            "k",
+            "--debug-load-delay-ms",
+            "60000",
+        ],
+        false,
+    );
+    let quiet = Server::start(&pkg, &[], true);
+    quiet.wait_log("ready in", 1);
+    assert!(
+        s.log().iter().all(|l| !l.contains(warning)),
+        "{:?}",
+        s.log()
+    );
+    assert!(
+        quiet.log().iter().all(|l| !l.contains(warning)),
+        "{:?}",
+        quiet.log()
+    );
+}
+
+/// Tokenizing and templating happen on blocking threads: with every tokenization made
+/// to take 1.5 s, four requests tokenizing at once (two chats, two /tokenize) would
+/// hold both of the async runtime's threads if they ran there, and /api/tags (a
+/// launcher's health probe) would wait for them.
+#[test]
+fn tokenization_leaves_the_async_threads_free() {
+    let (_dir, pkg) = tiny();
+    let s = Arc::new(Server::start(
+        &pkg,
+        &["--debug-tokenize-delay-ms", "1500", "--parallel", "2"],
+        true,
+    ));
+    let busy: Vec<_> = (0..4)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                if i % 2 == 0 {
+                    s.post("/v1/chat/completions", &chat("Hi", 2)).0
+                } else {
+                    s.post("/tokenize", &json!({"content": "Hi"})).0
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    let start = Instant::now();
+    assert_eq!(s.get("/api/tags").0, 200);
+    let waited = start.elapsed();
+    assert!(
+        waited < Duration::from_millis(700),
+        "/api/tags waited {waited:?}"
+    );
+    for h in busy {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+}
+
+/// The text-format samples of a /metrics scrape, by series (name and labels).
+fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
+    let r = client().get(s.url("/metrics")).send().unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = r.text().unwrap();
+    let mut samples = std::collections::HashMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            assert!(
+                line.starts_with("# HELP onebit_") || line.starts_with("# TYPE onebit_"),
+                "{line}"
+            );
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        samples.insert(series.to_string(), value.parse().unwrap());
+    }
+    samples
+}
+
+#[test]
+fn metrics_count_requests_tokens_the_queue_and_sessions() {
+    let (_dir, pkg) = tiny();
+    let s = Arc::new(Server::start(
+        &pkg,
+        &["--q-len", "4", "--debug-token-delay-ms", "20"],
+        true,
+    ));
+    let m = scrape(&s);
+    assert_eq!(m["onebit_model_loaded"], 1.0);
+    assert_eq!(m["onebit_sessions"], 1.0);
+    assert_eq!(m["onebit_sessions_active"], 0.0);
+    assert_eq!(m["onebit_queue_depth"], 0.0);
+    assert_eq!(m["onebit_generated_tokens_total"], 0.0);
+    let (_, a) = s.post("/v1/chat/completions", &chat("Count me", 3));
+    let (_, b) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(s.post("/v1/chat/completions", &json!({})).0, 400);
+    assert_eq!(s.get("/v1/nothing").0, 404);
+    let m = scrape(&s);
+    let series = |route: &str, status: u16| {
+        m.get(&format!(
+            "onebit_requests_total{{route=\"{route}\",status=\"{status}\"}}"
+        ))
+        .copied()
+    };
+    assert_eq!(series("/v1/chat/completions", 200), Some(1.0), "{m:?}");
+    assert_eq!(series("/v1/chat/completions", 400), Some(1.0), "{m:?}");
+    assert_eq!(series("/v1/completions", 200), Some(1.0), "{m:?}");
+    assert_eq!(
+        series("/health", 200),
+        Some(1.0),
+        "the start's readiness probe: {m:?}"
+    );
+    assert_eq!(series("unmatched", 404), Some(1.0), "{m:?}");
+    // The first scrape is counted once it is answered.
+    assert_eq!(series("/metrics", 200), Some(1.0), "{m:?}");
+    let sum = |key: &str| a["usage"][key].as_u64().unwrap() + b["usage"][key].as_u64().unwrap();
+    assert_eq!(m["onebit_prompt_tokens_total"], sum("prompt_tokens") as f64);
+    assert_eq!(
+        m["onebit_generated_tokens_total"],
+        sum("completion_tokens") as f64
+    );
+    assert_eq!(
+        m["onebit_prompt_tokens_cached_total"],
+        (a["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            + b["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()) as f64
+    );
+    // One generating (20 ms a token for 100 tokens) and two waiting.
+    let long =
+        json!({"prompt": [1, 5, 9], "max_tokens": 100, "temperature": 0, "ignore_eos": true});
+    let busy: Vec<_> = (0..3)
+        .map(|i| {
+            let (s, long) = (s.clone(), long.clone());
+            std::thread::sleep(Duration::from_millis(if i == 0 { 0 } else { 150 }));
+            std::thread::spawn(move || s.post("/v1/completions", &long).0)
+        })
+        .collect();
+    let start = Instant::now();
+    let m = loop {
+        let m = scrape(&s);
+        if m["onebit_queue_depth"] == 2.0 || start.elapsed() > Duration::from_secs(5) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(m["onebit_queue_depth"], 2.0, "{m:?}");
+    assert_eq!(m["onebit_sessions_active"], 1.0, "{m:?}");
+    for h in busy {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    let m = scrape(&s);
+    assert_eq!(m["onebit_queue_depth"], 0.0);
+    assert_eq!(m["onebit_sessions_active"], 0.0);
+    assert_eq!(series_of(&m, "/v1/completions", 200), 4.0);
+}
+
+fn series_of(m: &std::collections::HashMap<String, f64>, route: &str, status: u16) -> f64 {
+    m[&format!("onebit_requests_total{{route=\"{route}\",status=\"{status}\"}}")]
+}

@@ -238,6 +238,82 @@ pub struct OllamaRequest {
     pub options: Option<OllamaOptions>,
     pub tools: Option<Value>,
     pub format: Option<Value>,
+    /// How long the model stays loaded after the request: a number of seconds or a Go
+    /// duration ("5m"); 0 unloads.
+    pub keep_alive: Option<Value>,
+}
+
+/// An Ollama request: a generation, or (no prompt, or no messages) a load or unload.
+#[derive(Debug)]
+pub enum OllamaCall {
+    Generate(Job),
+    Load(LoadCall),
+}
+
+/// Ollama's preload (`done_reason: "load"`) or unload (`keep_alive: 0`,
+/// `done_reason: "unload"`): nothing is generated.
+#[derive(Debug)]
+pub struct LoadCall {
+    pub route: Route,
+    pub model: Option<String>,
+    pub unload: bool,
+}
+
+/// `keep_alive` in seconds: a JSON number of seconds, or a string holding one or a Go
+/// duration (`"5m"`, `"1h30m"`, `"-1"`), as Ollama takes it.
+pub fn keep_alive_seconds(v: &Value) -> Result<f64, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            Some("keep_alive"),
+            format!(
+                "'keep_alive' must be a number of seconds or a duration such as \"5m\", got {v}"
+            ),
+        )
+    };
+    match v {
+        Value::Number(n) => n.as_f64().ok_or_else(bad),
+        Value::String(s) => {
+            let s = s.trim();
+            if let Ok(n) = s.parse::<f64>() {
+                return if n.is_finite() { Ok(n) } else { Err(bad()) };
+            }
+            let (sign, mut rest) = match s.strip_prefix('-') {
+                Some(r) => (-1.0, r),
+                None => (1.0, s.strip_prefix('+').unwrap_or(s)),
+            };
+            if rest.is_empty() {
+                return Err(bad());
+            }
+            let mut total = 0f64;
+            while !rest.is_empty() {
+                let digits = rest
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .ok_or_else(bad)?;
+                let n: f64 = rest[..digits].parse().map_err(|_| bad())?;
+                rest = &rest[digits..];
+                let unit = rest
+                    .find(|c: char| c.is_ascii_digit() || c == '.')
+                    .unwrap_or(rest.len());
+                let scale = match &rest[..unit] {
+                    "ns" => 1e-9,
+                    "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+                    "ms" => 1e-3,
+                    "s" => 1.0,
+                    "m" => 60.0,
+                    "h" => 3600.0,
+                    _ => return Err(bad()),
+                };
+                total += n * scale;
+                rest = &rest[unit..];
+            }
+            if total.is_finite() {
+                Ok(sign * total)
+            } else {
+                Err(bad())
+            }
+        }
+        _ => Err(bad()),
+    }
 }
 
 /// `POST /api/show`.
@@ -245,6 +321,61 @@ pub struct OllamaRequest {
 pub struct ShowRequest {
     pub model: Option<String>,
     pub name: Option<String>,
+}
+
+/// llama-server's `POST /tokenize`.
+#[derive(Deserialize, Debug, Default)]
+pub struct TokenizeRequest {
+    pub content: Option<String>,
+    /// Add the tokenizer's special tokens (BOS); llama-server's default is false.
+    pub add_special: Option<bool>,
+    /// Special-token text in `content` is always parsed as the special token here.
+    pub parse_special: Option<bool>,
+    pub with_pieces: Option<bool>,
+}
+
+/// llama-server's `POST /detokenize`.
+#[derive(Deserialize, Debug, Default)]
+pub struct DetokenizeRequest {
+    pub tokens: Option<Vec<Value>>,
+}
+
+/// llama-server's `POST /apply-template`.
+#[derive(Deserialize, Debug, Default)]
+pub struct ApplyTemplateRequest {
+    pub messages: Option<Vec<ChatMessage>>,
+}
+
+impl TokenizeRequest {
+    /// The text and whether to add special tokens, refusing what this server does not do.
+    pub fn check(self) -> Result<(String, bool), ApiError> {
+        refuse_set("with_pieces", self.with_pieces == Some(true))?;
+        refuse_set("parse_special", self.parse_special == Some(false))?;
+        let content = self
+            .content
+            .ok_or_else(|| ApiError::invalid(Some("content"), "'content' is required"))?;
+        Ok((content, self.add_special.unwrap_or(false)))
+    }
+}
+
+impl DetokenizeRequest {
+    /// The token ids (each checked to fit 32 bits; the vocabulary is checked by the caller).
+    pub fn check(self) -> Result<Vec<u32>, ApiError> {
+        let tokens = self
+            .tokens
+            .ok_or_else(|| ApiError::invalid(Some("tokens"), "'tokens' is required"))?;
+        token_ids(&tokens, "tokens")
+    }
+}
+
+impl ApplyTemplateRequest {
+    /// The messages, checked as a chat request's are.
+    pub fn check(self) -> Result<Vec<Message>, ApiError> {
+        let list = self
+            .messages
+            .ok_or_else(|| ApiError::invalid(Some("messages"), "'messages' is required"))?;
+        messages(list)
+    }
 }
 
 /// Which route shaped a job (and so its answer).
@@ -278,11 +409,17 @@ pub struct Job {
     pub model: Option<String>,
     pub prompt: Prompt,
     pub max_tokens: Option<usize>,
+    /// The field `max_tokens` came from, for refusals.
+    pub max_tokens_field: &'static str,
     pub sampling: mtp::SamplingConfig,
+    /// The seed as the response reports it (`sampling.seed` is its bits).
+    pub seed: i64,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// Ollama's `keep_alive: 0`: the sessions forget their cached prompts afterwards.
+    pub unload: bool,
 }
 
 fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
@@ -317,7 +454,14 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 }
             };
             let content = match m.content {
-                None => String::new(),
+                // A turn without text would be rendered as an empty turn and answered
+                // as if the user had said nothing: refused instead, by index.
+                None => {
+                    return Err(ApiError::invalid(
+                        Some(&format!("messages[{i}].content")),
+                        format!("messages[{i}].content is null or missing: every message needs text content"),
+                    ))
+                }
                 Some(Content::Text(s)) => s,
                 Some(Content::Parts(parts)) => {
                     let mut text = String::new();
@@ -338,15 +482,33 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
         .collect()
 }
 
+/// The seed a request samples with: its own, or a fresh random one when it has none
+/// (or -1, which llama.cpp and Ollama clients send for "random"), so that regenerating
+/// an answer gives a new one. The seed is returned in the response so that the answer
+/// can be replayed.
+pub fn request_seed(seed: Option<i64>) -> i64 {
+    match seed {
+        None | Some(-1) => fresh_seed(),
+        Some(s) => s,
+    }
+}
+
+/// A random seed below 2^53: JavaScript clients (Open WebUI) read JSON numbers as
+/// doubles, exact only up to 2^53, and must be able to send the seed back unchanged.
+fn fresh_seed() -> i64 {
+    (rand::random::<u64>() >> 11) as i64
+}
+
 fn sampling(
     temperature: Option<f32>,
     top_p: Option<f32>,
-    seed: Option<i64>,
+    seed: i64,
 ) -> Result<mtp::SamplingConfig, ApiError> {
     let config = mtp::SamplingConfig {
         temperature: temperature.unwrap_or(1.0),
         top_p: top_p.unwrap_or(1.0),
-        seed: seed.unwrap_or(0) as u64,
+        // Negative seeds (other than -1) are accepted as given, by their bits.
+        seed: seed as u64,
     };
     config.check().map_err(|e| {
         let param = match e {
@@ -356,6 +518,24 @@ fn sampling(
         ApiError::invalid(Some(param), e.to_string())
     })?;
     Ok(config)
+}
+
+/// Token ids given as JSON numbers (`field[i]`), refusing any that does not fit the
+/// 32 bits of an id rather than cutting it (4294967297 would become 1).
+fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        Some(&format!("{field}[{i}]")),
+                        format!("{field}[{i}]: token id {v} is not a token id (ids are integers from 0 to 4294967295)"),
+                    )
+                })
+        })
+        .collect()
 }
 
 impl Job {
@@ -439,7 +619,7 @@ impl Job {
                         Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
                     }
                     Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-                        Prompt::Tokens(a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect())
+                        Prompt::Tokens(token_ids(&a, "prompt")?)
                     }
                     None => return Err(ApiError::invalid(Some("prompt"), "'prompt' is required")),
                     Some(_) => return Err(ApiError::invalid(
@@ -450,12 +630,12 @@ impl Job {
             (Route::Completions, prompt)
         };
         let max_tokens = r.max_completion_tokens.or(r.max_tokens);
+        let name = if r.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
         if max_tokens == Some(0) {
-            let name = if r.max_completion_tokens.is_some() {
-                "max_completion_tokens"
-            } else {
-                "max_tokens"
-            };
             return Err(ApiError::invalid(
                 Some(name),
                 format!("'{name}' must be at least 1"),
@@ -469,21 +649,49 @@ impl Job {
             ));
         }
         let stream = r.stream.unwrap_or(false);
+        let seed = request_seed(r.seed);
         Ok(Job {
             route,
             model: r.model,
             prompt,
-            max_tokens: max_tokens.map(|n| n.min(usize::MAX as u64) as usize),
-            sampling: sampling(r.temperature, r.top_p, r.seed)?,
+            // Saturating: a count past the address space is refused later, by name, as
+            // not fitting the context.
+            max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            max_tokens_field: name,
+            sampling: sampling(r.temperature, r.top_p, seed)?,
+            seed,
             stop,
             stream,
             include_usage: r.stream_options.is_some_and(|o| o.include_usage),
             ignore_eos: r.ignore_eos.unwrap_or(false),
+            unload: false,
         })
     }
 
-    /// An `/api/chat` (`chat`) or `/api/generate` request.
-    pub fn ollama(r: OllamaRequest, chat: bool) -> Result<Job, ApiError> {
+    /// An `/api/chat` (`chat`) or `/api/generate` request: a generation, or, without a
+    /// prompt (or messages), Ollama's load or unload.
+    pub fn ollama(r: OllamaRequest, chat: bool) -> Result<OllamaCall, ApiError> {
+        let unload = match &r.keep_alive {
+            None | Some(Value::Null) => false,
+            Some(v) => keep_alive_seconds(v)? == 0.0,
+        };
+        let empty = if chat {
+            r.messages.as_ref().is_none_or(Vec::is_empty)
+        } else {
+            r.prompt.as_deref().is_none_or(str::is_empty)
+                && r.system.as_deref().is_none_or(str::is_empty)
+        };
+        if empty {
+            return Ok(OllamaCall::Load(LoadCall {
+                route: if chat {
+                    Route::OllamaChat
+                } else {
+                    Route::OllamaGenerate
+                },
+                model: r.model,
+                unload,
+            }));
+        }
         refuse_set(
             "tools",
             r.tools
@@ -523,19 +731,23 @@ impl Job {
                     "'options.num_predict' must be at least 1 (or -1 for no limit)",
                 ))
             }
-            Some(n) => Some(n as usize),
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         };
-        Ok(Job {
+        let seed = request_seed(o.seed);
+        Ok(OllamaCall::Generate(Job {
             route,
             model: r.model,
             prompt,
             max_tokens,
-            sampling: sampling(o.temperature.or(Some(0.8)), o.top_p.or(Some(0.9)), o.seed)?,
+            max_tokens_field: "options.num_predict",
+            sampling: sampling(o.temperature.or(Some(0.8)), o.top_p.or(Some(0.9)), seed)?,
+            seed,
             stop: o.stop.unwrap_or_default(),
             stream: r.stream.unwrap_or(true),
             include_usage: true,
             ignore_eos: false,
-        })
+            unload,
+        }))
     }
 }
 
@@ -645,6 +857,45 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000000000Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
         assert_eq!(rfc3339(1_764_601_200, 0), "2025-12-01T15:00:00.000000000Z");
+    }
+
+    #[test]
+    fn keep_alive_is_seconds_or_a_go_duration() {
+        let secs = |v: Value| keep_alive_seconds(&v);
+        assert_eq!(secs(json!(0)).unwrap(), 0.0);
+        assert_eq!(secs(json!(300)).unwrap(), 300.0);
+        assert_eq!(secs(json!("0")).unwrap(), 0.0);
+        assert_eq!(secs(json!("0s")).unwrap(), 0.0);
+        assert_eq!(secs(json!("5m")).unwrap(), 300.0);
+        assert_eq!(secs(json!("1h30m")).unwrap(), 5400.0);
+        assert_eq!(secs(json!("1.5s")).unwrap(), 1.5);
+        assert_eq!(secs(json!("250ms")).unwrap(), 0.25);
+        assert_eq!(secs(json!("-1")).unwrap(), -1.0);
+        assert_eq!(secs(json!("-1m")).unwrap(), -60.0);
+        for bad in [
+            json!("soon"),
+            json!(""),
+            json!("-"),
+            json!("5x"),
+            json!("m"),
+            json!(true),
+            json!([1]),
+            json!("1e999"),
+        ] {
+            let e = secs(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("keep_alive"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn token_ids_past_32_bits_are_refused_by_index() {
+        assert_eq!(
+            token_ids(&[json!(0), json!(4294967295u64)], "prompt").unwrap(),
+            [0, u32::MAX]
+        );
+        let e = token_ids(&[json!(5), json!(4294967297u64)], "prompt").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt[1]"));
+        assert!(e.message.contains("token id 4294967297"), "{e:?}");
     }
 
     #[test]

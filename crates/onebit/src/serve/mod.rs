@@ -10,6 +10,7 @@
 //! next token and the session goes back to the pool.
 
 mod api;
+mod metrics;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -92,6 +93,17 @@ pub struct ServeArgs {
     /// For tests of readiness: wait this long before loading the model.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_load_delay_ms: u64,
+    /// For tests of where tokenization runs: sleep this long before tokenizing a request.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_tokenize_delay_ms: u64,
+    /// Require `Authorization: Bearer KEY` on every route but /health (401 otherwise).
+    /// Default: $ONEBIT_API_KEY, else no key.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Allow browser pages from ORIGIN (or `*`: any) to call the API (CORS headers);
+    /// repeat for several origins. Default: no CORS headers.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors: Vec<String>,
 }
 
 /// What the routes share.
@@ -104,13 +116,19 @@ struct App {
     q_len: usize,
     waiting: AtomicUsize,
     token_delay: Duration,
+    tokenize_delay: Duration,
     started: Instant,
     created: u64,
+    /// `--api-key`: required of every route but /health.
+    api_key: Option<String>,
+    metrics: metrics::Metrics,
 }
 
 /// The loaded model and its sessions.
 struct Ready {
     engine: Arc<Engine>,
+    /// `--parallel`: the sessions, and the permits when none is generating.
+    parallel: usize,
     permits: Arc<Semaphore>,
     sessions: Mutex<Vec<Session>>,
     package_bytes: u64,
@@ -136,10 +154,21 @@ impl App {
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             None | Some("") => Ok(()),
-            Some(m) if self.names.iter().any(|n| n == m) => Ok(()),
+            Some(m) if self.serves(m) => Ok(()),
             Some(m) => Err(ApiError::unknown_model(m)),
         }
     }
+
+    /// Whether `model` names the served model, with or without Ollama's default tag.
+    fn serves(&self, model: &str) -> bool {
+        self.names.iter().any(|n| untagged(n) == untagged(model))
+    }
+}
+
+/// A model name without Ollama's default tag: Ollama clients (`ollama run NAME`) send
+/// `NAME:latest` for `NAME`.
+fn untagged(name: &str) -> &str {
+    name.strip_suffix(":latest").unwrap_or(name)
 }
 
 /// An error as an HTTP response: the OpenAI object, or Ollama's `{"error": "..."}` on
@@ -172,6 +201,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.threads == Some(0) {
         anyhow::bail!("--threads must be at least 1");
     }
+    let api_key = match &args.api_key {
+        Some(k) => Some(k.clone()),
+        None => std::env::var("ONEBIT_API_KEY").ok(),
+    };
+    if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("serve: --api-key (or ONEBIT_API_KEY) is empty: give a key, or leave it unset for no key");
+    }
+    let cors = cors_layer(&args.cors)?;
     let name = args
         .alias
         .clone()
@@ -210,8 +247,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         q_len: args.q_len,
         waiting: AtomicUsize::new(0),
         token_delay: Duration::from_millis(args.debug_token_delay_ms),
+        tokenize_delay: Duration::from_millis(args.debug_tokenize_delay_ms),
         started: Instant::now(),
         created: api::unix_now(),
+        api_key,
+        metrics: metrics::Metrics::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -237,6 +277,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             "onebit serve: listening on http://{local} (loading {})",
             config.model.display()
         ));
+        if let Some(warning) = exposure_warning(local, app.api_key.is_some()) {
+            // Always printed, also under --quiet: it is about who can use the server.
+            app.error(&warning);
+        }
         let loader = {
             let app = app.clone();
             let mut config = config;
@@ -266,6 +310,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 };
                 let info = engine.info().clone();
                 let _ = app.ready.set(Ready {
+                    parallel,
                     permits: Arc::new(Semaphore::new(parallel)),
                     sessions: Mutex::new(sessions),
                     engine,
@@ -285,7 +330,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 Ok(())
             })
         };
-        let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
+        let mut routes = router(app);
+        if let Some(cors) = cors {
+            // Outermost: a browser's preflight carries no key and is answered here.
+            routes = routes.layer(cors);
+        }
+        let server = tokio::spawn(async move { axum::serve(listener, routes).await });
         match loader.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e.context("serve: cannot load the model")),
@@ -314,10 +364,14 @@ fn package_facts(dir: &std::path::Path) -> (u64, String, String) {
     (size, modified, format!("{:016x}{:016x}", h.finish(), size))
 }
 
+/// Every route. Only `/health` is open (launchers probe it); the others, and the 404
+/// of unknown paths, sit behind the API key check (which passes everything when the
+/// server has no key). The serve tests read the `.route(` calls here to knock on each.
 fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/health", get(health))
+    let open = Router::new().route("/health", get(health));
+    let locked = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(retrieve_model))
         .route("/v1/version", get(version))
         .route("/api/version", get(version))
         .route("/api/tags", get(tags))
@@ -327,8 +381,154 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/api/chat", post(ollama_chat))
         .route("/api/generate", post(ollama_generate))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
+        .route("/metrics", get(metrics_route))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            require_key,
+        ));
+    open.merge(locked)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            count_answers,
+        ))
         .with_state(app)
+}
+
+/// Counts every answer (a 401 too) by the route's pattern, so that paths nobody serves
+/// add one `unmatched` series rather than one series each.
+async fn count_answers(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = next.run(request).await;
+    app.metrics.answered(&route, response.status().as_u16());
+    response
+}
+
+/// `GET /metrics`: Prometheus' text format.
+async fn metrics_route(State(app): State<Arc<App>>) -> Response {
+    let gauges = match app.ready.get() {
+        Some(r) => metrics::Gauges {
+            queue_depth: app.waiting.load(Ordering::Acquire),
+            active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
+            sessions: r.parallel,
+            ready: true,
+        },
+        None => metrics::Gauges {
+            queue_depth: 0,
+            active_sessions: 0,
+            sessions: 0,
+            ready: false,
+        },
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(&gauges),
+    )
+        .into_response()
+}
+
+/// The API key check: without `--api-key` every request passes; with it, a request
+/// must carry `Authorization: Bearer KEY`, else 401 in its API's error shape.
+async fn require_key(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(key) = &app.api_key else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let message = match given {
+        None => "serve: this server requires an API key (--api-key): send the header 'Authorization: Bearer KEY'",
+        // The scheme's name is case-insensitive (RFC 9110).
+        Some(v) => match v
+            .get(..7)
+            .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
+            .map(|_| &v[7..])
+        {
+            Some(token) if same_key(token, key.as_bytes()) => return next.run(request).await,
+            Some(_) => "serve: the API key in the Authorization header does not match the server's --api-key",
+            None => "serve: the Authorization header must be 'Bearer KEY' (the server's --api-key)",
+        },
+    };
+    let e = ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        message: message.into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("invalid_api_key"),
+        retry_after: None,
+    };
+    let ollama = request.uri().path().starts_with("/api/");
+    app.log(&format!("{} 401 {message}", request.uri().path()));
+    let mut r = error_response(&e, ollama);
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// Whether `given` equals `key`, in time that depends only on the key's length (not on
+/// where the first differing byte is), so the key cannot be guessed byte by byte.
+fn same_key(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = usize::from(given.len() != key.len());
+    for (i, &k) in key.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(!k) ^ k);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The warning for a listener other clients can reach without a key.
+fn exposure_warning(local: SocketAddr, has_key: bool) -> Option<String> {
+    if has_key || local.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "onebit serve: warning: listening on {local} without an API key: anyone who can reach this address can use the model (pass --api-key KEY or set ONEBIT_API_KEY)"
+    ))
+}
+
+/// `--cors`: the CORS layer for these origins (`*`: any), or none.
+fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let list = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o)
+                    .with_context(|| format!("serve: --cors {o:?} is not a valid origin"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        AllowOrigin::list(list)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600)),
+    ))
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -358,12 +558,25 @@ async fn version() -> Response {
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
+/// The served model as an OpenAI model object.
+fn model_object(app: &App) -> Value {
+    json!({"id": app.name, "object": "model", "created": app.created, "owned_by": "onebit"})
+}
+
 async fn models(State(app): State<Arc<App>>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{"id": app.name, "object": "model", "created": app.created, "owned_by": "onebit"}],
-    }))
-    .into_response()
+    axum::Json(json!({"object": "list", "data": [model_object(&app)]})).into_response()
+}
+
+/// OpenAI's `GET /v1/models/{id}` (the SDK's `models.retrieve`).
+async fn retrieve_model(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if app.serves(&id) {
+        axum::Json(model_object(&app)).into_response()
+    } else {
+        error_response(&ApiError::unknown_model(&id), false)
+    }
 }
 
 /// Ollama's `details` of the served model.
@@ -467,6 +680,88 @@ async fn show(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Re
     }
 }
 
+/// A text route of llama-server's (`/tokenize`, `/detokenize`, `/apply-template`): the
+/// body read, then parsed and answered by `work` over the engine on a blocking thread.
+async fn text_route(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Body,
+    path: &'static str,
+    work: fn(&App, &Engine, &[u8]) -> Result<Value, ApiError>,
+) -> Response {
+    let result = async {
+        let bytes = read_body(&headers, body).await?;
+        let app = app.clone();
+        blocking(move || {
+            let engine = app.ready()?.engine.clone();
+            work(&app, &engine, &bytes)
+        })
+        .await
+    }
+    .await;
+    match result {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => {
+            app.log(&format!("{path} {} {}", e.status.as_u16(), e.message));
+            error_response(&e, false)
+        }
+    }
+}
+
+/// The answer to the engine's refusal of a text request (`field` names what was sent).
+fn text_error(e: EngineError, field: &str) -> ApiError {
+    match e {
+        EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
+            ApiError::invalid(Some(field), format!("{field}: {t}"))
+        }
+        EngineError::NoTokenizer | EngineError::Encode(_) => {
+            ApiError::invalid(Some(field), format!("{field}: {e}"))
+        }
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+/// llama-server's `POST /tokenize`: `{"content", "add_special"}` → `{"tokens": [...]}`.
+async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    text_route(app, headers, body, "/tokenize", |app, engine, bytes| {
+        let (content, special) = api::parse::<api::TokenizeRequest>(bytes)?.check()?;
+        if !app.tokenize_delay.is_zero() {
+            std::thread::sleep(app.tokenize_delay);
+        }
+        let tokens = engine
+            .encode(&content, special)
+            .map_err(|e| text_error(e, "content"))?;
+        Ok(json!({ "tokens": tokens }))
+    })
+    .await
+}
+
+/// llama-server's `POST /detokenize`: `{"tokens": [...]}` → `{"content"}`.
+async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    text_route(app, headers, body, "/detokenize", |_, engine, bytes| {
+        let ids = api::parse::<api::DetokenizeRequest>(bytes)?.check()?;
+        let content = engine
+            .detokenize(&ids)
+            .map_err(|e| text_error(e, "tokens"))?;
+        Ok(json!({ "content": content }))
+    })
+    .await
+}
+
+/// llama-server's `POST /apply-template`: `{"messages": [...]}` → `{"prompt"}`, the text
+/// a chat request's messages become before tokenization.
+async fn apply_template(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    text_route(app, headers, body, "/apply-template", |_, engine, bytes| {
+        let messages = api::parse::<api::ApplyTemplateRequest>(bytes)?.check()?;
+        // The template's errors are answered as a chat request's are.
+        let prompt = engine
+            .render_chat(&messages)
+            .map_err(|e| prompt_error(e, &Prompt::Chat(messages)))?;
+        Ok(json!({ "prompt": prompt }))
+    })
+    .await
+}
+
 /// The body, refused past [`MAX_BODY_BYTES`]. An oversized body is still read (and
 /// dropped) up to [`DRAIN_BYTES`], so the client finishes sending and reads the 413
 /// instead of a reset connection.
@@ -550,71 +845,86 @@ enum Msg {
 /// Parses, checks and queues one generation request, then answers it (streaming or not).
 async fn generate_route(app: Arc<App>, headers: HeaderMap, body: Body, route: Route) -> Response {
     let start = Instant::now();
-    match prepare(&app, &headers, body, route).await {
-        Ok((job, request)) => match admit(&app).await {
-            Ok(permit) => run_job(app, job, request, permit, start).await,
-            Err(e) => {
-                app.log(&format!(
-                    "{} {} {}",
-                    route.path(),
-                    e.status.as_u16(),
-                    e.message
-                ));
-                error_response(&e, route.is_ollama())
-            }
+    let prepared = prepare(&app, &headers, body, route).await;
+    let e = match prepared {
+        Ok(Prepared::Load(call)) => return load_call(&app, call),
+        Ok(Prepared::Generate(job, request)) => match admit(&app).await {
+            Ok(permit) => return run_job(app, *job, request, permit, start).await,
+            Err(e) => e,
         },
-        Err(e) => {
-            let line = format!("{} {} {}", route.path(), e.status.as_u16(), e.message);
-            if e.status.is_server_error() && e.status != StatusCode::SERVICE_UNAVAILABLE {
-                app.error(&line);
-            } else {
-                app.log(&line);
-            }
-            error_response(&e, route.is_ollama())
-        }
+        Err(e) => e,
+    };
+    let line = format!("{} {} {}", route.path(), e.status.as_u16(), e.message);
+    if e.status.is_server_error() && e.status != StatusCode::SERVICE_UNAVAILABLE {
+        app.error(&line);
+    } else {
+        app.log(&line);
     }
+    error_response(&e, route.is_ollama())
 }
 
-/// The checked job and the engine request: the body read and parsed, the model
-/// checked, the prompt tokenized and fitted to the context.
+/// What a generation route's body asks for.
+enum Prepared {
+    Generate(Box<Job>, Request),
+    Load(api::LoadCall),
+}
+
+/// Runs `work` on a blocking thread: tokenizing and templating a prompt of megabytes
+/// takes long enough to stall every stream and health probe sharing the async runtime's
+/// two threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("serve: a tokenizer thread failed: {e}")))?
+}
+
+/// The checked job and the engine request: the body read, then (on a blocking thread)
+/// parsed, the model checked, the prompt tokenized and fitted to the context.
 async fn prepare(
-    app: &App,
+    app: &Arc<App>,
     headers: &HeaderMap,
     body: Body,
     route: Route,
-) -> Result<(Job, Request), ApiError> {
+) -> Result<Prepared, ApiError> {
     let bytes = read_body(headers, body).await?;
+    let app = app.clone();
+    blocking(move || prepare_blocking(&app, &bytes, route)).await
+}
+
+fn prepare_blocking(app: &App, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
     let job = match route {
-        Route::Chat | Route::Completions => Job::openai(api::parse(&bytes)?, route == Route::Chat)?,
+        Route::Chat | Route::Completions => Job::openai(api::parse(bytes)?, route == Route::Chat)?,
         Route::OllamaChat | Route::OllamaGenerate => {
-            Job::ollama(api::parse(&bytes)?, route == Route::OllamaChat)?
+            match Job::ollama(api::parse(bytes)?, route == Route::OllamaChat)? {
+                api::OllamaCall::Generate(job) => job,
+                api::OllamaCall::Load(call) => {
+                    app.check_model(call.model.as_deref())?;
+                    app.ready()?;
+                    return Ok(Prepared::Load(call));
+                }
+            }
         }
     };
     app.check_model(job.model.as_deref())?;
     let ready = app.ready()?;
     let engine = &ready.engine;
-    let ids = engine.tokenize(&job.prompt).map_err(|e| match e {
-        EngineError::Invalid(m) => ApiError::invalid(Some("prompt"), m),
-        EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
-            ApiError::invalid(Some("prompt"), t.to_string())
-        }
-        EngineError::EmptyPrompt => ApiError::invalid(
-            Some(if matches!(job.prompt, Prompt::Chat(_)) {
-                "messages"
-            } else {
-                "prompt"
-            }),
-            "the prompt is empty (it tokenizes to no tokens)",
-        ),
-        other => ApiError::internal(other.to_string()),
-    })?;
+    if !app.tokenize_delay.is_zero() {
+        std::thread::sleep(app.tokenize_delay);
+    }
+    let ids = engine
+        .tokenize(&job.prompt)
+        .map_err(|e| prompt_error(e, &job.prompt))?;
     let ctx = engine.ctx_len().unwrap_or(usize::MAX);
     let max_tokens = job.max_tokens.unwrap_or(ctx.saturating_sub(ids.len()));
-    if ids.len() + max_tokens > ctx || max_tokens == 0 {
+    // Saturating: max_tokens may be anything up to 2^64 - 1.
+    if ids.len().saturating_add(max_tokens) > ctx || max_tokens == 0 {
+        let name = job.max_tokens_field;
         let mut e = ApiError::invalid(
-            None,
+            Some(name),
             format!(
-                "the request exceeds the available context size: the prompt has {} tokens and max_tokens is {max_tokens}, but the context holds {ctx} tokens (n_prompt_tokens {}, n_ctx {ctx})",
+                "the request exceeds the available context size: the prompt has {} tokens and {name} is {max_tokens}, but the context holds {ctx} tokens (n_prompt_tokens {}, n_ctx {ctx})",
                 ids.len(),
                 ids.len()
             ),
@@ -631,7 +941,56 @@ async fn prepare(
         ignore_eos: job.ignore_eos,
         draft: DraftMode::Auto,
     };
-    Ok((job, request))
+    Ok(Prepared::Generate(Box::new(job), request))
+}
+
+/// The answer to the engine's refusal to tokenize (or template) `prompt`.
+fn prompt_error(e: EngineError, prompt: &Prompt) -> ApiError {
+    match e {
+        EngineError::Invalid(m) => ApiError::invalid(Some("prompt"), m),
+        EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
+            ApiError::invalid(Some("prompt"), t.to_string())
+        }
+        EngineError::EmptyPrompt => ApiError::invalid(
+            Some(if matches!(prompt, Prompt::Chat(_)) {
+                "messages"
+            } else {
+                "prompt"
+            }),
+            "the prompt is empty (it tokenizes to no tokens)",
+        ),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+/// Ollama's load (nothing to do: the model is loaded at start and stays) or unload (the
+/// weights stay, as this server serves one model, but the idle sessions forget their
+/// cached prompts), answered as Ollama does, with one object.
+fn load_call(app: &App, call: api::LoadCall) -> Response {
+    if call.unload {
+        if let Ok(ready) = app.ready() {
+            forget_prompts(ready);
+        }
+    }
+    let reason = if call.unload { "unload" } else { "load" };
+    let mut v = json!({"model": app.name, "created_at": api::now_rfc3339()});
+    if call.route == Route::OllamaChat {
+        v["message"] = json!({"role": "assistant", "content": ""});
+    } else {
+        v["response"] = json!("");
+    }
+    v["done"] = json!(true);
+    v["done_reason"] = json!(reason);
+    app.log(&format!("{} 200 {reason}", call.route.path()));
+    axum::Json(v).into_response()
+}
+
+/// Empties the KV caches of the idle sessions (Ollama's unload, `keep_alive: 0`).
+fn forget_prompts(ready: &Ready) {
+    let mut pool = ready.sessions.lock().expect("session pool lock poisoned");
+    for session in pool.iter_mut() {
+        session.reset();
+    }
 }
 
 /// A session slot: now, after waiting in the FIFO queue, or 503 when the queue is full.
@@ -692,6 +1051,7 @@ async fn run_job(
     let route = job.route;
     // Only a stream needs the pieces: a whole answer's handler is woken once, at the end.
     let stream = job.stream;
+    let unload = job.unload;
     let worker = {
         let app = app.clone();
         let cancel = cancel.clone();
@@ -735,10 +1095,19 @@ async fn run_job(
                 }
             };
             match &result {
-                Ok(c) => log_done(&app, route, c, start),
+                Ok(c) => {
+                    app.metrics.generated(c);
+                    log_done(&app, route, c, start);
+                }
                 Err(e) => {
                     engine_error(&app, route, e);
                 }
+            }
+            // keep_alive 0: nothing of the request stays cached, in this session or
+            // the idle ones.
+            if unload {
+                session.reset();
+                forget_prompts(ready);
             }
             // The session goes back before the slot is released.
             ready
@@ -764,6 +1133,7 @@ async fn run_job(
         created: api::unix_now(),
         model: app.name.clone(),
         load_seconds: ready.engine.load_seconds(),
+        seed: job.seed,
     };
     if job.stream {
         stream_response(job, meta, rx, cancel)
@@ -792,6 +1162,8 @@ struct Meta {
     created: u64,
     model: String,
     load_seconds: f64,
+    /// The seed sampled with (the request's, or the fresh one drawn for it).
+    seed: i64,
 }
 
 /// The request's log line.
@@ -874,6 +1246,7 @@ async fn whole_response(
             }],
             "usage": api::usage(&c),
             "timings": api::timings(&c),
+            "seed": meta.seed,
         }),
         Route::Completions => json!({
             "id": meta.id,
@@ -888,10 +1261,12 @@ async fn whole_response(
             }],
             "usage": api::usage(&c),
             "timings": api::timings(&c),
+            "seed": meta.seed,
         }),
         Route::OllamaChat | Route::OllamaGenerate => {
             let mut v = ollama_line(&job, &meta, &c.text, true);
             merge(&mut v, api::ollama_stats(&c, meta.load_seconds));
+            v["seed"] = json!(meta.seed);
             v
         }
     };
@@ -942,6 +1317,7 @@ fn openai_chunk(
         "created": meta.created,
         "model": meta.model,
         "choices": [choice],
+        "seed": meta.seed,
     });
     if job.include_usage {
         v["usage"] = Value::Null;
@@ -1007,6 +1383,7 @@ fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: Cancel
                     Ok(c) if ollama => {
                         let mut v = ollama_line(&st.job, &st.meta, "", true);
                         merge(&mut v, api::ollama_stats(&c, st.meta.load_seconds));
+                        v["seed"] = json!(st.meta.seed);
                         out.extend_from_slice(&ndjson(&v));
                     }
                     Ok(c) => {
@@ -1046,4 +1423,51 @@ fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: Cancel
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .expect("a valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_only_when_equal() {
+        let key = b"sk-0123456789";
+        assert!(same_key(key, key));
+        assert!(!same_key(b"sk-0123456788", key));
+        assert!(!same_key(b"sk-012345678", key), "a prefix");
+        assert!(!same_key(b"sk-01234567890", key), "longer");
+        assert!(!same_key(b"", key));
+        // A shorter given key whose missing bytes would be 0 under another padding.
+        assert!(!same_key(b"sk-\0", b"sk-"));
+    }
+
+    #[test]
+    fn only_a_reachable_listener_without_a_key_warns() {
+        let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let w = exposure_warning(any, false).unwrap();
+        assert!(w.contains("0.0.0.0:8080 without an API key"), "{w}");
+        assert!(exposure_warning(any, true).is_none());
+        for local in ["127.0.0.1:8080", "127.3.4.5:1", "[::1]:8080"] {
+            assert!(exposure_warning(local.parse().unwrap(), false).is_none());
+        }
+        assert!(exposure_warning("[::]:8080".parse().unwrap(), false).is_some());
+    }
+
+    #[test]
+    fn latest_is_ollamas_default_tag() {
+        assert_eq!(untagged("smollm2:latest"), "smollm2");
+        assert_eq!(untagged("smollm2"), "smollm2");
+        assert_eq!(untagged("smollm2:7b"), "smollm2:7b");
+    }
+
+    #[test]
+    fn cors_origins_are_checked() {
+        assert!(cors_layer(&[]).unwrap().is_none());
+        assert!(cors_layer(&["*".into()]).unwrap().is_some());
+        assert!(cors_layer(&["http://localhost:8080".into()])
+            .unwrap()
+            .is_some());
+        let e = cors_layer(&["http://a\nb".into()]).unwrap_err();
+        assert!(e.to_string().contains("--cors"), "{e}");
+    }
 }
