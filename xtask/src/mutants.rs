@@ -65,6 +65,16 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // The AMX variant (q8/amx.rs): its logic runs on the tile emulator on every machine,
     // its asm on AMX CPUs.
+    // The engine's detokenizer: text that reads otherwise in context must not stall it.
+    Mutant {
+        name: "detokenizer-waits-for-the-window-to-agree",
+        file: "crates/onebit-engine/src/text.rs",
+        find: "            // The emitted text reads otherwise in context",
+        replace: "            #[allow(unreachable_code)]\n            return Ok(String::new());\n            // The emitted text reads otherwise in context",
+        tests: &["-p", "onebit", "--test", "run", "streamed_text_never_stalls"],
+        also: None,
+        requires: &[],
+    },
     Mutant {
         name: "amx-tile-loaded-with-the-wrong-stride",
         file: "crates/onebit-kernels/src/q8/amx.rs",

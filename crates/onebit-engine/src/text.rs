@@ -125,8 +125,21 @@ impl Detokenizer {
     pub fn push(&mut self, text: &Text, id: u32) -> Result<String, EngineError> {
         self.ids.push(id);
         let head = text.decode(&self.ids[self.prefix..self.read])?;
-        let all = text.decode(&self.ids[self.prefix..])?;
-        if all.ends_with('\u{fffd}') || all.len() <= head.len() || !all.starts_with(&head) {
+        let mut all = text.decode(&self.ids[self.prefix..])?;
+        if !all.starts_with(&head) {
+            // The emitted text reads otherwise in context (byte-fallback tokens that no
+            // longer form valid UTF-8 with what follows them). It cannot be taken back,
+            // so it stands, and the new tokens are decoded on their own from here:
+            // waiting for the window to agree again would drop the rest of the output.
+            self.prefix = self.read;
+            all = text.decode(&self.ids[self.prefix..])?;
+            if all.ends_with('\u{fffd}') || all.is_empty() {
+                return Ok(String::new());
+            }
+            self.read = self.ids.len();
+            return Ok(all);
+        }
+        if all.ends_with('\u{fffd}') || all.len() <= head.len() {
             return Ok(String::new());
         }
         let piece = all[head.len()..].to_string();
