@@ -595,6 +595,11 @@ async fn prepare(
     let engine = &ready.engine;
     let ids = engine.tokenize(&job.prompt).map_err(|e| match e {
         EngineError::Invalid(m) => ApiError::invalid(Some("prompt"), m),
+        // The template refused these messages (roles not alternating...): the
+        // client's request is at fault, and a 5xx would make SDKs retry it.
+        e @ EngineError::TemplateException { .. } => {
+            ApiError::invalid(Some("messages"), e.to_string())
+        }
         EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
             ApiError::invalid(Some("prompt"), t.to_string())
         }
@@ -819,6 +824,7 @@ fn api_error(e: &EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { .. }
         | EngineError::Invalid(_)
+        | EngineError::TemplateException { .. }
         | EngineError::Sampling(_) => ApiError::invalid(None, e.to_string()),
         _ => ApiError::internal(e.to_string()),
     }
