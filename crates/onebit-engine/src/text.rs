@@ -215,6 +215,15 @@ pub fn render_chat(
     });
     env.add_filter("trim", |s: &str| python_strip(s, None, true, true));
     env.add_filter("tojson", tojson);
+    // Llama 3.2's template dates its system turn with this (transformers: local time;
+    // here UTC, the servers' usual zone, without a time-zone database).
+    env.add_function("strftime_now", |format: &str| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        strftime(format, now)
+    });
     // What the template raised, kept apart from the render error (which minijinja
     // decorates with positions), so the error carries the template's text unchanged.
     let raised = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
@@ -251,6 +260,92 @@ pub fn render_chat(
             None => EngineError::Template(format!("cannot render the chat template: {e}")),
         },
     )
+}
+
+/// Python's `strftime` of the UTC time `unix` seconds, for the directives templates
+/// use (`%d %m %Y %y %b %B %a %A %H %I %M %S %p %j %e %%`); any other is an error
+/// naming it, not a silently different date.
+fn strftime(format: &str, unix: i64) -> Result<String, minijinja::Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = unix.div_euclid(86_400);
+    let secs = unix.rem_euclid(86_400);
+    let (hour, minute, second) = (secs / 3600, secs / 60 % 60, secs % 60);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian, 400-year eras).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy_march = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy_march + 2) / 153;
+    let day = doy_march - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    const BEFORE: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = BEFORE[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    // 1970-01-01 was a Thursday.
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let month_name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let directive = chars.next();
+        let piece = match directive {
+            Some('d') => format!("{day:02}"),
+            Some('e') => format!("{day:>2}"),
+            Some('m') => format!("{month:02}"),
+            Some('Y') => format!("{year}"),
+            Some('y') => format!("{:02}", year.rem_euclid(100)),
+            Some('b') => month_name[..3].to_string(),
+            Some('B') => month_name.to_string(),
+            Some('a') => DAYS[weekday][..3].to_string(),
+            Some('A') => DAYS[weekday].to_string(),
+            Some('H') => format!("{hour:02}"),
+            Some('I') => format!("{:02}", (hour + 11) % 12 + 1),
+            Some('p') => if hour < 12 { "AM" } else { "PM" }.to_string(),
+            Some('M') => format!("{minute:02}"),
+            Some('S') => format!("{second:02}"),
+            Some('j') => format!("{yday:03}"),
+            Some('%') => "%".to_string(),
+            other => {
+                return Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: directive '%{}' in '{format}' is not supported",
+                        other.map(String::from).unwrap_or_default()
+                    ),
+                ))
+            }
+        };
+        out.push_str(&piece);
+    }
+    Ok(out)
 }
 
 /// Python's `str.isspace` characters: Rust's whitespace and the four separators
@@ -667,6 +762,40 @@ mod tests {
         let mut m = StopMatcher::new(&["é!".into()]);
         assert_eq!(m.push("caféé"), StopScan::Release("café".into()));
         assert_eq!(m.push("!"), StopScan::Stop(String::new(), "é!".into()));
+    }
+
+    #[test]
+    fn strftime_writes_what_python_writes() {
+        // Python: datetime.fromtimestamp(t, timezone.utc).strftime(...)
+        let f = "%d %b %Y|%e %B %y|%a %A|%H:%M:%S %I%p|%j|%m|%%";
+        assert_eq!(
+            strftime(f, 0).unwrap(),
+            "01 Jan 1970| 1 January 70|Thu Thursday|00:00:00 12AM|001|01|%"
+        );
+        // 2024-07-26 (Llama 3's default date) 13:05:09, a Friday in a leap year.
+        assert_eq!(
+            strftime(f, 1_721_999_109).unwrap(),
+            "26 Jul 2024|26 July 24|Fri Friday|13:05:09 01PM|208|07|%"
+        );
+        // 2000-02-29 23:59:59 and a day before the epoch.
+        assert_eq!(
+            strftime("%Y-%m-%d %j %a", 951_868_799).unwrap(),
+            "2000-02-29 060 Tue"
+        );
+        assert_eq!(strftime("%Y-%m-%d %a", -86_400).unwrap(), "1969-12-31 Wed");
+        assert!(strftime("%Q", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("directive '%Q' in '%Q' is not supported"));
+        // Templates test for it before they call it.
+        let s = render_chat(
+            "{% if strftime_now is defined %}{{ strftime_now('%Y') | length }}{% endif %}",
+            &[],
+            &ChatTokens::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(s, "4");
     }
 
     #[test]
