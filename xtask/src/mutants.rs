@@ -677,6 +677,44 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // Chat templates: the model's BOS reaches the template, once in the prompt, and a
+    // template's refusal is the client's error.
+    Mutant {
+        name: "template-bos-token-empty",
+        file: "crates/onebit-engine/src/text.rs",
+        find: "bos_token => tokens.bos_token,",
+        replace: "bos_token => \"\",",
+        tests: &["-p", "onebit-engine", "--test", "chat_templates"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "chat-prompt-bos-doubled",
+        file: "crates/onebit-engine/src/text.rs",
+        find: "if self.prefix.is_empty() || ids.starts_with(&self.prefix) {",
+        replace: "if self.prefix.is_empty() {",
+        tests: &["-p", "onebit-engine", "--test", "chat_tokens"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "chat-prompt-bos-dropped",
+        file: "crates/onebit-engine/src/text.rs",
+        find: "Ok(self.prefix.iter().copied().chain(ids).collect())",
+        replace: "Ok(ids)",
+        tests: &["-p", "onebit-engine", "--test", "chat_tokens"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "template-error-is-a-500",
+        file: "crates/onebit/src/serve/mod.rs",
+        find: "ApiError::invalid(Some(\"messages\"), e.to_string())",
+        replace: "ApiError::internal(e.to_string())",
+        tests: &["-p", "onebit", "--test", "serve", "--", "a_template_refusal_is_a_400_with_its_text"],
+        also: None,
+        requires: &[],
+    },
     // The default context: half of the available memory for a full-context KV cache.
     Mutant {
         name: "default-context-takes-all-available-memory",

@@ -23,6 +23,14 @@ pub enum EngineError {
     /// The chat template does not parse or render.
     #[error("{0}")]
     Template(String),
+    /// The chat template refused the messages with its own `raise_exception(message)`
+    /// (roles not alternating, a role it does not know...): the caller's messages are
+    /// at fault, not the model (a server answers 400 with this text).
+    #[error("the chat template refused the messages: {message}")]
+    TemplateException {
+        /// The template's own message.
+        message: String,
+    },
     /// A chat prompt for a package without a chat template (the caller may supply the
     /// fallback, [`crate::FALLBACK_CHAT_TEMPLATE`]).
     #[error("the package has no chat_template in config.json")]

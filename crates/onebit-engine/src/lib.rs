@@ -65,7 +65,8 @@ pub use backend::{Backend, PassProfile, Stage, Target};
 pub use error::{EngineError, Result};
 pub use report::{stats_json, stats_line};
 pub use text::{
-    render_chat, Detokenizer, Message, StopMatcher, StopScan, Text, FALLBACK_CHAT_TEMPLATE,
+    render_chat, ChatTokens, Detokenizer, Message, StopMatcher, StopScan, Text,
+    FALLBACK_CHAT_TEMPLATE,
 };
 
 /// Prompt positions run per prefill pass; cancellation is checked between them. The
@@ -191,6 +192,7 @@ pub struct Engine {
     package: Arc<TargetPackage>,
     shared: Shared,
     text: Option<Text>,
+    chat_tokens: ChatTokens,
     draft: Option<LoadedDraft>,
     adaptive: Option<mtp::AdaptiveConfig>,
     calibration_seconds: f64,
@@ -217,6 +219,12 @@ impl Engine {
         }
         let package = Arc::new(TargetPackage::open(&config.model)?);
         let text = Text::open(&config.model)?;
+        let chat_tokens = ChatTokens::resolve(
+            &config.model,
+            text.as_ref(),
+            package.config.bos_token_id,
+            &package.config.eos_token_ids,
+        )?;
         let draft = match &config.drafter {
             DrafterConfig::DFlash { dir } => {
                 let model = dflash_draft::load_draft(dir)?;
@@ -281,6 +289,7 @@ impl Engine {
             package,
             shared,
             text,
+            chat_tokens,
             draft,
             adaptive,
             calibration_seconds,
@@ -336,6 +345,19 @@ impl Engine {
         self.package.config.chat_template.as_deref()
     }
 
+    /// The BOS/EOS strings the chat template sees (the package's own).
+    pub fn chat_tokens(&self) -> &ChatTokens {
+        &self.chat_tokens
+    }
+
+    /// `messages` as the text the model is prompted with: the package's chat template
+    /// (the ChatML fallback when it has none) with its BOS/EOS strings, the
+    /// assistant's turn opened.
+    pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+        let template = self.chat_template().unwrap_or(FALLBACK_CHAT_TEMPLATE);
+        render_chat(template, messages, &self.chat_tokens, true)
+    }
+
     /// What runs the target.
     pub fn info(&self) -> &TargetInfo {
         &self.info
@@ -383,7 +405,7 @@ impl Engine {
                 .encode(s, true)?,
             Prompt::Chat(messages) => {
                 let text = self.text.as_ref().ok_or(EngineError::NoTokenizer)?;
-                text.encode(&self.render_chat(messages)?, false)?
+                text.encode_chat(&self.render_chat(messages)?)?
             }
         };
         if ids.is_empty() {
@@ -391,13 +413,6 @@ impl Engine {
         }
         self.check_ids(&ids)?;
         Ok(ids)
-    }
-
-    /// The text chat `messages` become before tokenization: the package's template, or
-    /// the ChatML fallback when it has none (what [`Engine::tokenize`] encodes).
-    pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
-        let template = self.chat_template().unwrap_or(FALLBACK_CHAT_TEMPLATE);
-        render_chat(template, messages)
     }
 
     /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS template.

@@ -457,6 +457,61 @@ fn the_default_context_is_capped_by_available_memory() {
         ));
 }
 
+/// A chat template's `raise_exception` reaches the user as a named error with the
+/// template's own text (here Gemma 2's refusal of a system turn).
+#[test]
+fn a_template_refusal_is_a_named_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("tiny-llama");
+    onebit()
+        .arg("convert")
+        .arg("--quiet")
+        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
+        .arg(&pkg)
+        .assert()
+        .success();
+    let config_path = pkg.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = Value::from(
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}\
+         {% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}",
+    );
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    onebit()
+        .args([
+            "run",
+            "--chat",
+            "--system",
+            "S",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(&pkg)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "onebit: error: the chat template refused the messages: System role not supported",
+        ));
+    // Without the system turn the same template renders and the run answers.
+    onebit()
+        .args([
+            "run",
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(&pkg)
+        .assert()
+        .success();
+}
+
 /// `onebit run` with no prompt on a terminal chats turn by turn, reusing the KV cache
 /// (the second turn reports reused prompt tokens); `/exit` quits. The terminal is a
 /// pseudo-terminal from util-linux `script`.

@@ -500,6 +500,49 @@ fn errors_are_openai_objects_matched_on_their_message() {
     assert_eq!(s.post("/v1/chat/completions", &chat("x", 2)).0, 200);
 }
 
+/// A chat whose template refuses it (Gemma 3's, over two user turns in a row) is the
+/// client's error: 400 with the template's own text, in both APIs' shapes (a 5xx would
+/// make the OpenAI SDK retry it), and the server stays fine.
+#[test]
+fn a_template_refusal_is_a_400_with_its_text() {
+    let (_dir, pkg) = tiny();
+    let template = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../onebit-engine/tests/templates/gemma3.jinja"),
+    )
+    .unwrap();
+    let config_path = pkg.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = json!(template);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let s = Server::start(&pkg, &[], true);
+    let turns = json!([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]);
+    let mut body = chat("x", 4);
+    body["messages"] = turns.clone();
+    let e = assert_error(
+        s.post("/v1/chat/completions", &body),
+        400,
+        "the chat template refused the messages: Conversation roles must alternate user/assistant/user/assistant/...",
+    );
+    assert_eq!(e["param"], "messages");
+    assert_eq!(e["type"], "invalid_request_error");
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"model": "tiny-llama", "messages": turns, "stream": false}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("Conversation roles must alternate"),
+        "{v}"
+    );
+    // Alternating turns render and answer.
+    assert_eq!(s.post("/v1/chat/completions", &chat("x", 2)).0, 200);
+}
+
 fn onebit_max_body() -> usize {
     4 << 20
 }

@@ -948,6 +948,11 @@ fn prepare_blocking(app: &App, bytes: &[u8], route: Route) -> Result<Prepared, A
 fn prompt_error(e: EngineError, prompt: &Prompt) -> ApiError {
     match e {
         EngineError::Invalid(m) => ApiError::invalid(Some("prompt"), m),
+        // The template refused these messages (roles not alternating...): the client's
+        // request is at fault, and a 5xx would make SDKs retry it.
+        e @ EngineError::TemplateException { .. } => {
+            ApiError::invalid(Some("messages"), e.to_string())
+        }
         EngineError::Target(t @ npu_runtime::TargetError::TokenOutOfRange { .. }) => {
             ApiError::invalid(Some("prompt"), t.to_string())
         }
@@ -1191,6 +1196,7 @@ fn api_error(e: &EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { .. }
         | EngineError::Invalid(_)
+        | EngineError::TemplateException { .. }
         | EngineError::Sampling(_) => ApiError::invalid(None, e.to_string()),
         _ => ApiError::internal(e.to_string()),
     }
