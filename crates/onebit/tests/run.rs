@@ -461,15 +461,7 @@ fn the_default_context_is_capped_by_available_memory() {
 /// template's own text (here Gemma 2's refusal of a system turn).
 #[test]
 fn a_template_refusal_is_a_named_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let pkg = dir.path().join("tiny-llama");
-    onebit()
-        .arg("convert")
-        .arg("--quiet")
-        .arg(fixture("tiny-llama/model.Q4_1.gguf"))
-        .arg(&pkg)
-        .assert()
-        .success();
+    let (_dir, pkg) = common::tiny_llama_package();
     let config_path = pkg.join("config.json");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
