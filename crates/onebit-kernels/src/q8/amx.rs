@@ -1185,7 +1185,7 @@ unsafe fn block_i8_hardware(
 }
 
 /// [`super::matmul_q4`] on the tile unit, whatever the row count. [`super::matmul_q4`]
-/// does not choose it: on the AMX machine measured (see [`pays`]) the q4 tile kernel at
+/// does not choose it: on the AMX machine measured (see `pays`) the q4 tile kernel at
 /// best tied AVX-512 VNNI (one thread) and lost with two (a layer at 8 input rows:
 /// 243 µs against 212, at 16: 382 against 346), because a group's sums must leave the
 /// tiles for the f32 epilogue every 32 columns. It stays tested bit for bit, and the
