@@ -495,7 +495,9 @@ impl CpuTarget {
     fn forward_in_pool(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let mut clock = Clock::new(self.profile.take().map(|p| *p));
         let result = self.forward_timed(tokens, all_logits, &mut clock);
-        self.profile = clock.finish().map(Box::new);
+        // A refused or empty pass is not a pass; its partial times are dropped with it.
+        let counted = result.is_ok() && !tokens.is_empty();
+        self.profile = clock.finish(counted).map(Box::new);
         result
     }
 
@@ -646,10 +648,15 @@ impl CpuTarget {
                     projector.project(&p.down, &gate, cfg.intermediate_size, clock)
                 }
                 None => {
-                    let mut gate = model.project(&layer.gate, &normed, n);
-                    let up = model.project(&layer.up, &normed, n);
-                    kernels::swiglu(&mut gate, &up);
-                    projected_down = model.project(&layer.down, &gate, n);
+                    let (mut gate, up) = clock.time(Stage::Projections, || {
+                        (
+                            model.project(&layer.gate, &normed, n),
+                            model.project(&layer.up, &normed, n),
+                        )
+                    });
+                    clock.time(Stage::Activation, || kernels::swiglu(&mut gate, &up));
+                    projected_down =
+                        clock.time(Stage::Projections, || model.project(&layer.down, &gate, n));
                     &projected_down
                 }
             };

@@ -102,13 +102,19 @@ impl PassProfile {
 /// A pass's clock: times stages into a profile when there is one, else reads nothing.
 pub(crate) struct Clock {
     profile: Option<PassProfile>,
+    /// The profile as it was before the pass, for a pass that does not count.
+    before: Option<PassProfile>,
     start: Option<Instant>,
 }
 
 impl Clock {
     pub(crate) fn new(profile: Option<PassProfile>) -> Clock {
         let start = profile.as_ref().map(|_| Instant::now());
-        Clock { profile, start }
+        Clock {
+            before: profile.clone(),
+            profile,
+            start,
+        }
     }
 
     /// Runs `f`, adding its time to `stage` when profiling.
@@ -140,12 +146,17 @@ impl Clock {
         }
     }
 
-    /// The profile with this pass counted, if profiling.
-    pub(crate) fn finish(mut self) -> Option<PassProfile> {
-        if let (Some(profile), Some(start)) = (&mut self.profile, self.start) {
-            profile.add_pass(start.elapsed());
+    /// The profile, if profiling, with this pass counted when `counted` (else as it was
+    /// before the pass: a refused pass adds nothing).
+    pub(crate) fn finish(self, counted: bool) -> Option<PassProfile> {
+        match (self.profile, self.start) {
+            (Some(mut profile), Some(start)) if counted => {
+                profile.add_pass(start.elapsed());
+                Some(profile)
+            }
+            (Some(_), _) => self.before,
+            (None, _) => None,
         }
-        self.profile
     }
 }
 
@@ -157,14 +168,19 @@ mod tests {
     fn a_clock_without_a_profile_times_nothing_and_one_with_counts_every_stage() {
         let mut off = Clock::new(None);
         assert_eq!(off.time(Stage::Head, || 7), 7);
-        assert!(off.finish().is_none());
+        assert!(off.finish(true).is_none());
+
+        // A pass that does not count (refused, empty) leaves the profile as it was.
+        let mut refused = Clock::new(Some(PassProfile::default()));
+        refused.time(Stage::Head, || std::thread::sleep(Duration::from_millis(1)));
+        assert_eq!(refused.finish(false), Some(PassProfile::default()));
 
         let mut on = Clock::new(Some(PassProfile::default()));
         on.time(Stage::Attention, || {
             std::thread::sleep(Duration::from_millis(2))
         });
         on.time(Stage::Head, || ());
-        let profile = on.finish().unwrap();
+        let profile = on.finish(true).unwrap();
         assert_eq!(profile.passes(), 1);
         assert!(profile.stage(Stage::Attention) >= Duration::from_millis(2));
         assert_eq!(profile.stage(Stage::Norms), Duration::ZERO);

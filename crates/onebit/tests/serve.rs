@@ -1392,7 +1392,8 @@ fn cors_headers_only_when_asked_for() {
             .header("access-control-request-method", "POST")
             .header(
                 "access-control-request-headers",
-                "authorization, content-type",
+                // The OpenAI JS SDK's own headers come along in a browser.
+                "authorization, content-type, x-stainless-os",
             )
             .send()
             .unwrap()
@@ -1411,6 +1412,7 @@ fn cors_headers_only_when_asked_for() {
         .unwrap()
         .to_lowercase();
     assert!(headers.contains("authorization"), "{headers}");
+    assert!(headers.contains("x-stainless-os"), "{headers}");
     // Answers (a 401 too, so the page can read why) carry the origin.
     let r = client()
         .get(s.url("/v1/models"))

@@ -526,7 +526,10 @@ fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>>
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            // Whatever the page's client sends (the OpenAI JS SDK adds `x-stainless-*`
+            // headers): a fixed list would make browsers block its requests, and `*`
+            // does not cover Authorization.
+            .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
             .max_age(Duration::from_secs(600)),
     ))
 }
