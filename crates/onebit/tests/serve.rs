@@ -1073,7 +1073,12 @@ fn llama_server_text_routes_tokenize_detokenize_and_apply_the_template() {
         prompt,
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
     );
-    let (_, tokens) = s.post("/tokenize", &json!({"content": prompt}));
+    // A chat prompt holds the tokenizer's BOS once (tiny-llama's adds one; the template
+    // writes none), as `add_special` tokenizes it.
+    let (_, tokens) = s.post(
+        "/tokenize",
+        &json!({"content": prompt, "add_special": true}),
+    );
     let (_, c) = s.post(
         "/v1/chat/completions",
         &json!({"messages": messages, "max_tokens": 1, "temperature": 0}),

@@ -122,6 +122,10 @@ struct App {
     /// `--api-key`: required of every route but /health.
     api_key: Option<String>,
     metrics: metrics::Metrics,
+    /// Requests being parsed, templated and tokenized at once: the queue's length plus
+    /// the sessions, so that work waits here instead of filling tokio's blocking pool
+    /// (which the generations share) with megabyte prompts.
+    tokenizing: Arc<Semaphore>,
 }
 
 /// The loaded model and its sessions.
@@ -252,6 +256,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         created: api::unix_now(),
         api_key,
         metrics: metrics::Metrics::default(),
+        tokenizing: Arc::new(Semaphore::new(
+            args.q_len.saturating_add(args.parallel).max(1),
+        )),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -695,7 +702,7 @@ async fn text_route(
     let result = async {
         let bytes = read_body(&headers, body).await?;
         let app = app.clone();
-        blocking(move || {
+        blocking(&app.clone(), move || {
             let engine = app.ready()?.engine.clone();
             work(&app, &engine, &bytes)
         })
@@ -875,12 +882,23 @@ enum Prepared {
 /// Runs `work` on a blocking thread: tokenizing and templating a prompt of megabytes
 /// takes long enough to stall every stream and health probe sharing the async runtime's
 /// two threads.
+/// At most `App::tokenizing` of them run at once; the others wait here.
 async fn blocking<T: Send + 'static>(
+    app: &App,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
+    let permit = app
+        .tokenizing
+        .clone()
+        .acquire_owned()
         .await
-        .map_err(|e| ApiError::internal(format!("serve: a tokenizer thread failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("serve: the tokenizer permits closed: {e}")))?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("serve: a tokenizer thread failed: {e}")))?
 }
 
 /// The checked job and the engine request: the body read, then (on a blocking thread)
@@ -893,7 +911,7 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let bytes = read_body(headers, body).await?;
     let app = app.clone();
-    blocking(move || prepare_blocking(&app, &bytes, route)).await
+    blocking(&app.clone(), move || prepare_blocking(&app, &bytes, route)).await
 }
 
 fn prepare_blocking(app: &App, bytes: &[u8], route: Route) -> Result<Prepared, ApiError> {
