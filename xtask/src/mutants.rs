@@ -748,7 +748,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "request-tokenized-on-the-async-threads",
         file: "crates/onebit/src/serve/mod.rs",
-        find: "blocking(move || prepare_blocking(&app, &bytes, route)).await",
+        find: "blocking(&app.clone(), move || prepare_blocking(&app, &bytes, route)).await",
         replace: "prepare_blocking(&app, &bytes, route)",
         tests: &["-p", "onebit", "--test", "serve", "tokenization_leaves"],
         also: None,
