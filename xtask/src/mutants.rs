@@ -112,10 +112,10 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
-        name: "amx-head-tiles-skip-the-second-level",
+        name: "amx-tiles-skip-the-second-level",
         file: "crates/onebit-kernels/src/q8/amx.rs",
-        find: "                for l in 1..L {\n                    let low",
-        replace: "                for l in 1..1 {\n                    let low",
+        find: "        for l in 1..L {\n            isum = V::fold",
+        replace: "        for l in 1..1 {\n            isum = V::fold",
         tests: &["-p", "onebit-kernels", "--test", "q8"],
         also: None,
         requires: &[],

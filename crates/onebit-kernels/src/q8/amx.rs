@@ -943,14 +943,28 @@ unsafe fn q4_epilogue<V: Lanes, const O: usize, const L: usize, const H: usize>(
         let d = V::load_bf16(dm[32 * H..].as_ptr());
         let m = V::load_bf16(dm[64 + 32 * H..].as_ptr());
         for o in 0..O {
-            let mut isum = V::load_i(c[L * o].as_ptr());
-            for l in 1..L {
-                isum = V::fold(isum, V::load_i(c[L * o + l].as_ptr()));
-            }
+            let isum = folded_sum::<V, L>(c, o);
             let scale = V::mul(d, V::splat(dx[o][g]));
             let t = V::fma(m, V::splat(sx[o][g]), V::mul(scale, V::to_f32(isum)));
             y[o][H] = V::add(y[o][H], t);
         }
+    }
+}
+
+/// Sweep input `o`'s exact sum over its `L` level rows in `c`: `128 · level0 + level1`
+/// (the reference's `isum · 128 + part`; exact, see the module's overflow bound).
+///
+/// # Safety
+/// The lanes' CPU features are present.
+#[inline(always)]
+unsafe fn folded_sum<V: Lanes, const L: usize>(c: &Sums, o: usize) -> V::I {
+    // SAFETY: the caller's features; every `c` row is 64 bytes.
+    unsafe {
+        let mut isum = V::load_i(c[L * o].as_ptr());
+        for l in 1..L {
+            isum = V::fold(isum, V::load_i(c[L * o + l].as_ptr()));
+        }
+        isum
     }
 }
 
@@ -1060,11 +1074,7 @@ unsafe fn i8_sweep<T: Tiles, const O: usize, const L: usize>(
         unsafe {
             let dw = <T::Lanes as Lanes>::load_f(p[512..576].as_ptr());
             for o in 0..O {
-                let mut isum = <T::Lanes as Lanes>::load_i(c[L * o].as_ptr());
-                for l in 1..L {
-                    let low = <T::Lanes as Lanes>::load_i(c[L * o + l].as_ptr());
-                    isum = <T::Lanes as Lanes>::fold(isum, low);
-                }
+                let isum = folded_sum::<T::Lanes, L>(c, o);
                 let scale = <T::Lanes as Lanes>::mul(dw, <T::Lanes as Lanes>::splat(dx[o][g]));
                 let isum = <T::Lanes as Lanes>::to_f32(isum);
                 y[o] = <T::Lanes as Lanes>::fma(scale, isum, y[o]);
