@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Sessions generating at once (each its own KV cache over the one model).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parallel: usize,
+    /// Give each session passes of its own instead of running the generating
+    /// sessions' next rows together in one pass (continuous batching, the default with
+    /// --parallel above 1). Answers are the same either way; for comparisons.
+    #[arg(long)]
+    pub no_shared_passes: bool,
     /// The model's name in the API (default: the package directory's name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -239,6 +244,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         None => DrafterConfig::None,
     };
     config.draft_max = args.draft_max;
+    config.share_passes = args.parallel > 1 && !args.no_shared_passes;
     // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`
     // takes any value); without it, chosen in the loader, where config.json is read.
     config.ctx_len = args.ctx_len;
@@ -430,12 +436,16 @@ async fn metrics_route(State(app): State<Arc<App>>) -> Response {
             active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
             sessions: r.parallel,
             ready: true,
+            batch: r.engine.batch_stats(),
+            batch_members: r.engine.batch_members(),
         },
         None => metrics::Gauges {
             queue_depth: 0,
             active_sessions: 0,
             sessions: 0,
             ready: false,
+            batch: None,
+            batch_members: 0,
         },
     };
     (
