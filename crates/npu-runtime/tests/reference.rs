@@ -493,7 +493,7 @@ fn batched_sessions_equal_lone_sessions() {
         // greedy pick, rolled back to keep half of it (a speculative round's shape).
         let script = move |target: &mut CpuTarget, s: usize| -> (Vec<f32>, TapRows) {
             let sink = Arc::new(Mutex::new(TapRows::new(0)));
-            if s % 2 == 0 {
+            if s.is_multiple_of(2) {
                 target.set_layer_taps(&[1, 0], sink.clone()).unwrap();
             }
             let prompt: Vec<u32> = (0..10 + 25 * s as u32)
