@@ -4,6 +4,7 @@ use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
 use std::sync::{Arc, OnceLock};
 
+use crate::kernels::attention::SequenceRows;
 use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
@@ -580,11 +581,10 @@ impl CpuModel {
                     )
                 }),
             };
-            let mut attn = vec![0f32; n * qd];
-            // Rope, the KV append and causal attention per part, each at its own
-            // positions against its own cache: row i of a part sees its positions
-            // 0..=p0+i (`kernels::attention`: the same bits for a row whatever the rows
-            // around it, the split or the threads).
+            // Rope and the KV append per part, each at its own positions into its own
+            // cache; then causal attention of every part's rows in one region, row i of
+            // a part seeing its positions 0..=p0+i (`kernels::attention`: the same bits
+            // for a row whatever the rows around it, the split or the threads).
             for placed in placed {
                 let state = &mut *parts[placed.part].state;
                 let rows = placed.rows.clone();
@@ -618,19 +618,27 @@ impl CpuModel {
                 clock.time(Stage::KvAppend, || {
                     state.cache.layer_mut(l).append(k, v, rows.len())
                 });
-                let attention = clock.start(Stage::Attention);
-                kernels::attention::attention(
-                    isa,
-                    state.cache.layer(l),
-                    q,
-                    rows.len(),
-                    placed.p0,
-                    cfg.num_heads,
-                    scale,
-                    &mut attn[rows.start * qd..rows.end * qd],
-                );
-                clock.stop(attention);
             }
+            let attention = clock.start(Stage::Attention);
+            let sequences: Vec<SequenceRows<'_>> = placed
+                .iter()
+                .map(|p| SequenceRows {
+                    layer: parts[p.part].state.cache.layer(l),
+                    rows: p.rows.clone(),
+                    p0: p.p0,
+                })
+                .collect();
+            let mut attn = vec![0f32; n * qd];
+            kernels::attention::attention_many(
+                isa,
+                &sequences,
+                &q,
+                cfg.num_heads,
+                scale,
+                &mut attn,
+            );
+            drop(sequences);
+            clock.stop(attention);
             let projected_o;
             let o: &[f32] = match self.packed.get(l) {
                 Some(p) => {

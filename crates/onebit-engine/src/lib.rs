@@ -57,10 +57,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use npu_runtime::kernels::Isa;
-pub use npu_runtime::BatchStats;
+pub use npu_runtime::{BatchStats, DEFAULT_LINGER};
 use npu_runtime::{
     CpuModel, CpuOptions, Forward, HeadKind, KvType, PassBatcher, Precision, TapRows, TapSink,
-    TargetPackage, DEFAULT_LINGER,
+    TargetPackage,
 };
 
 pub use backend::{Backend, PassProfile, Stage, Target};
@@ -125,6 +125,9 @@ pub struct EngineConfig {
     /// session's next rows at once. Answers are bit for bit those of sessions alone;
     /// the other backends ignore it.
     pub share_passes: bool,
+    /// How long a shared pass waits at most for a member busy elsewhere
+    /// ([`PassBatcher::linger`]).
+    pub pass_linger: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -154,6 +157,7 @@ impl EngineConfig {
             fixed_k: false,
             ctx_len: None,
             share_passes: false,
+            pass_linger: DEFAULT_LINGER,
         }
     }
 }
@@ -295,7 +299,7 @@ impl Engine {
         };
         let ctx_len = config.ctx_len.map(|n| n.min(package.config.max_positions));
         let batcher = match (&shared, config.share_passes) {
-            (Shared::Cpu(model), true) => Some(PassBatcher::new(model.clone(), DEFAULT_LINGER)),
+            (Shared::Cpu(model), true) => Some(PassBatcher::new(model.clone(), config.pass_linger)),
             _ => None,
         };
         Ok(Arc::new(Engine {

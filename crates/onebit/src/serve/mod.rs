@@ -95,6 +95,9 @@ pub struct ServeArgs {
     /// For tests of queueing and cancellation: sleep this long after every token.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_token_delay_ms: u64,
+    /// How long a shared pass waits at most for a generating session busy elsewhere.
+    #[arg(long, hide = true, default_value_t = onebit_engine::DEFAULT_LINGER.as_micros() as u64)]
+    pub debug_pass_linger_us: u64,
     /// For tests of readiness: wait this long before loading the model.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_load_delay_ms: u64,
@@ -245,6 +248,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     config.draft_max = args.draft_max;
     config.share_passes = args.parallel > 1 && !args.no_shared_passes;
+    config.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
     // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`
     // takes any value); without it, chosen in the loader, where config.json is read.
     config.ctx_len = args.ctx_len;
