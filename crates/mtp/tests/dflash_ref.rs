@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use dflash_draft::{import_zlab, load_draft};
-use mtp::{run, DFlashHead, PackageHooks, RunOptions, SamplingConfig};
+use mtp::{run, DFlashHead, RunOptions, SamplingConfig};
 use npu_runtime::{CpuTarget, Forward, HeadKind, TapRows, TargetPackage};
 use q4nx_format::Container;
+
+mod common;
+use common::CpuHooks;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -47,7 +50,7 @@ fn reference_trace_through_the_mtp_loop() {
     target
         .set_layer_taps(&draft.config.target_layer_ids, sink.clone())
         .unwrap();
-    let hooks = PackageHooks::new(&package, HeadKind::Tiles).unwrap();
+    let hooks = CpuHooks::new(&package, HeadKind::Tiles);
     let mut head = DFlashHead::new(&weights, Box::new(hooks), sink.clone());
     // z-lab's loop runs past the 48th token in its last round; give room for that.
     let options = RunOptions {

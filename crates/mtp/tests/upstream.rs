@@ -12,10 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use dflash_draft::synthetic::write_synthetic;
 use dflash_draft::{draft_forward, load_draft, DraftConfig, DraftHooks, DEFAULT_WEIGHTS};
-use mtp::{run, DFlashHead, DraftHead, PackageHooks, RunOptions, SamplingConfig};
+use mtp::{run, DFlashHead, DraftHead, RunOptions, SamplingConfig};
 use npu_runtime::{
     CpuTarget, Family, Forward, HeadKind, TapRows, TapSink, TargetConfig, TargetPackage,
 };
+
+mod common;
+use common::CpuHooks;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -329,7 +332,7 @@ fn upstream_checks_on_the_real_cpu_target() {
     upstream_checks(
         "tiny-qwen3",
         &|| CpuTarget::new(&package).unwrap(),
-        &|| Box::new(PackageHooks::new(&package, HeadKind::Tiles).unwrap()),
+        &|| Box::new(CpuHooks::new(&package, HeadKind::Tiles)),
         &weights,
     );
 }
@@ -463,7 +466,7 @@ fn upstream_checks_on_the_toy_base() {
 #[test]
 fn package_hooks_embed_like_the_target() {
     let package = std::sync::Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
-    let hooks = PackageHooks::new(&package, HeadKind::Tiles).unwrap();
+    let hooks = CpuHooks::new(&package, HeadKind::Tiles);
     let target = CpuTarget::new(&package).unwrap();
     assert_eq!(
         hooks.embed(&[3, 7, 500]),

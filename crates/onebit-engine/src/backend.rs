@@ -12,6 +12,7 @@ use npu_runtime::{
 };
 
 use crate::error::{EngineError, Result};
+use crate::hooks::PackageHooks;
 pub use npu_runtime::profile::{PassProfile, Stage};
 
 /// Where the target runs.
@@ -140,10 +141,10 @@ impl<'a> Target<'a> {
 
     /// Draft hooks with this target's embedding and head: the CPU target's own shared
     /// model, or for the NPU backends a CPU model of the package with the same head.
-    pub fn draft_hooks(&self, package: &Arc<TargetPackage>) -> Result<mtp::PackageHooks> {
+    pub fn draft_hooks(&self, package: &Arc<TargetPackage>) -> Result<PackageHooks> {
         Ok(match self {
-            Target::Cpu(t) => mtp::PackageHooks::for_model(t.model().clone()),
-            _ => mtp::PackageHooks::new(package, self.head())?,
+            Target::Cpu(t) => PackageHooks::for_model(t.model().clone()),
+            _ => PackageHooks::new(package, self.head())?,
         })
     }
 

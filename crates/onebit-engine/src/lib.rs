@@ -47,6 +47,7 @@
 
 mod backend;
 mod error;
+mod hooks;
 mod report;
 mod text;
 
@@ -65,6 +66,7 @@ use npu_runtime::{
 
 pub use backend::{Backend, PassProfile, Stage, Target};
 pub use error::{EngineError, Result};
+pub use hooks::PackageHooks;
 pub use report::{stats_json, stats_line};
 pub use text::{
     render_chat, ChatTokens, Detokenizer, Message, StopMatcher, StopScan, Text,

@@ -85,6 +85,7 @@ fn bench(c: &mut Criterion) {
                             for_each_chunk(&mut out, HD, |head, o| {
                                 let kh = head / (HEADS / KV_HEADS);
                                 onebit_kernels::attend(
+                                    onebit_kernels::Isa::detect(),
                                     &q[head * HD..(head + 1) * HD],
                                     &keys[kh],
                                     &values[kh],

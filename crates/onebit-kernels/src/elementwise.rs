@@ -128,12 +128,15 @@ const DOT_LANES: usize = 32;
 /// sums are added in a fixed tree (16, 8, 4, 2, 1 apart). The partial sums are
 /// independent, so the loop vectorizes; the result is the same bits on every CPU
 /// (without hardware FMA, `f32::mul_add` is the correctly rounded libm `fmaf`).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Compiled for `isa` (the same bits every way).
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: `has_fma` checked avx2 and fma at run time.
+    if isa.avx2() {
+        // SAFETY: detection found avx2 and fma (the token's `avx2` bit means both).
         return unsafe { dot_fma(a, b) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     dot_lanes(a, b)
 }
 
@@ -141,17 +144,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// rounded software `fmaf` where the build target lacks FMA (tests compare the two).
 pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     dot_lanes(a, b)
-}
-
-fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -191,8 +183,10 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 /// (`keys[t * dim ..]`, `values[t * dim ..]`), scores scaled by `scale`.
 ///
 /// Scores are [`dot`]s; the weighted sum adds `fma(p_t, v_t, out)` over `t` in order.
-/// The same bits on every CPU path (FMA in hardware or in software).
+/// The same bits on every CPU path (FMA in hardware or in software); compiled for `isa`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
+    isa: Isa,
     query: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -202,11 +196,13 @@ pub fn attend(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: `has_fma` checked avx2 and fma at run time.
+    if isa.avx2() {
+        // SAFETY: detection found avx2 and fma (the token's `avx2` bit means both).
         unsafe { attend_fma(query, keys, values, len, scale, scores, out) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     attend_body(query, keys, values, len, scale, scores, out)
 }
 

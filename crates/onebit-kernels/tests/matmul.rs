@@ -125,7 +125,7 @@ proptest! {
         let n = values.len() / 2;
         let (a, b) = values.split_at(n);
         let b = &b[..n];
-        let fast = onebit_kernels::dot(a, b);
+        let fast = onebit_kernels::dot(onebit_kernels::Isa::detect(), a, b);
         let portable = onebit_kernels::dot_portable(a, b);
         prop_assert_eq!(fast.to_bits(), portable.to_bits());
         let exact: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
@@ -154,7 +154,7 @@ proptest! {
         let values: Vec<f32> = (0..len * dim).map(|_| next()).collect();
         let (mut a, mut b) = (vec![0f32; dim], vec![0f32; dim]);
         let mut scores = Vec::new();
-        onebit_kernels::attend(&query, &keys, &values, len, 0.125, &mut scores, &mut a);
+        onebit_kernels::attend(onebit_kernels::Isa::detect(), &query, &keys, &values, len, 0.125, &mut scores, &mut a);
         onebit_kernels::attend_portable(&query, &keys, &values, len, 0.125, &mut scores, &mut b);
         prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }

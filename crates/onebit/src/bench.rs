@@ -12,7 +12,7 @@ use onebit_engine::{
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::run::TargetArgs;
+use crate::run::{decode_rate, TargetArgs};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -470,11 +470,6 @@ fn greedy(prompt: &[u32], tokens: usize, stop_at_eos: bool, draft: DraftMode) ->
 /// dilute the speed-up (the tokens after the first are what speculation makes faster).
 fn seconds(c: &Completion) -> f64 {
     c.timings.predicted_ms / 1e3
-}
-
-/// Tokens per second of decode: the tokens after the first over [`seconds`].
-pub(crate) fn decode_rate(tokens: usize, seconds: f64) -> f64 {
-    tokens.saturating_sub(1) as f64 / seconds.max(1e-9)
 }
 
 /// `--oracle`, `--lookup` and `--draft`: plain greedy decoding first (timed; its

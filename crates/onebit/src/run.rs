@@ -415,6 +415,13 @@ struct SideBySide {
     prompt: Vec<u32>,
 }
 
+/// Tokens per second of decode: the tokens after the first (the first comes from the
+/// prefill) over the decode seconds. Shared with `bench` (which imports `run`, so it
+/// lives here and `run` imports nothing of `bench`).
+pub(crate) fn decode_rate(tokens: usize, seconds: f64) -> f64 {
+    tokens.saturating_sub(1) as f64 / seconds.max(1e-9)
+}
+
 /// When a completion's tokens came: its decode (first token to last: what speculation
 /// makes faster) and its whole time (the prompt's prefill too, the same work in both).
 #[derive(Clone, Copy)]
@@ -433,7 +440,7 @@ impl Timing {
 
     /// Decode tokens per second: the tokens after the first over the decode time.
     fn decode_rate(&self, tokens: usize) -> f64 {
-        crate::bench::decode_rate(tokens, self.decode)
+        decode_rate(tokens, self.decode)
     }
 
     /// Tokens per second over the whole time.

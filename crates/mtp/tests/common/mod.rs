@@ -139,3 +139,36 @@ impl Forward for Toy {
         Vec::new()
     }
 }
+
+/// The target's embedding and head as a DFlash draft sees them: a CPU model of the
+/// package at `f32` with `head` (what `onebit_engine::PackageHooks::new` builds; `mtp`'s
+/// own code names no backend, so its tests bring their own).
+pub struct CpuHooks(Arc<npu_runtime::CpuModel>);
+
+impl CpuHooks {
+    pub fn new(package: &Arc<npu_runtime::TargetPackage>, head: npu_runtime::HeadKind) -> CpuHooks {
+        let options = npu_runtime::CpuOptions {
+            head: Some(head),
+            ..npu_runtime::CpuOptions::default()
+        };
+        let model = npu_runtime::CpuModel::load(package.clone(), options).unwrap();
+        model.prepare_proposals();
+        CpuHooks(model)
+    }
+}
+
+impl dflash_draft::DraftHooks for CpuHooks {
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let vocab = self.0.config().vocab_size as u32;
+        let ids: Vec<u32> = tokens.iter().map(|&t| t.min(vocab - 1)).collect();
+        self.0.embed(&ids).unwrap()
+    }
+
+    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
+        self.0.proposal_picks(hidden, n)
+    }
+
+    fn install(&self, f: &mut dyn FnMut()) {
+        self.0.install(f)
+    }
+}

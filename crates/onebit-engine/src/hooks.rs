@@ -1,5 +1,6 @@
 //! Draft hooks over the target's model: the embedding and head a session of it uses
 //! (the shared [`CpuModel`], not the running target, which the loop holds mutably).
+//! They live here, not in `mtp`, so the speculative loop names no backend type.
 
 use dflash_draft::DraftHooks;
 use npu_runtime::{CpuModel, CpuOptions, HeadKind, TargetPackage};
