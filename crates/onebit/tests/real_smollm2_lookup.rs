@@ -11,7 +11,10 @@ fn smollm2(test: &str) -> Option<PathBuf> {
     if pkg.join("model.q4nx").exists() {
         Some(pkg)
     } else {
-        eprintln!("skipped: {test}: SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)");
+        test_support::skip!(
+            test,
+            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
+        );
         None
     }
 }
