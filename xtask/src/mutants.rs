@@ -11,8 +11,8 @@
 //! mutant is missed or unviable.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -195,8 +195,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "prefill-scores-the-first-row-not-the-last",
         file: "crates/npu-runtime/src/cpu.rs",
-        find: "model.head_in_pool(&final_hidden[(n - 1) * h..], 1)",
-        replace: "model.head_in_pool(&final_hidden[..h], 1)",
+        find: "false => p.rows.end - 1..p.rows.end,",
+        replace: "false => p.rows.start..p.rows.start + 1,",
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
         requires: &[],
@@ -467,8 +467,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "last-layer-tap-not-final-normed",
         file: "crates/npu-runtime/src/cpu.rs",
-        find: "tap_values[t] = final_hidden.clone();",
-        replace: "tap_values[t] = x.clone();",
+        find: "true => &final_hidden,",
+        replace: "true => &x,",
         tests: &["-p", "npu-runtime", "--test", "reference"],
         also: None,
         requires: &[],
@@ -837,6 +837,9 @@ enum Outcome {
     Failed(usize),
     /// A test binary died without a result (a crash or an abort): caught.
     Crashed,
+    /// The tests ran past their time limit and were killed: caught, as a hang the
+    /// mutant caused (the build had finished before the clock started).
+    TimedOut,
     /// The mutated workspace does not compile: the mutant tests nothing (it rotted
     /// with a refactor), so it is reported as unviable and fails the run.
     Unviable,
@@ -868,19 +871,109 @@ fn classify(success: bool, stdout: &str, stderr: &str) -> Outcome {
     }
 }
 
-fn cargo_test(ws: &Path, args: &[&str]) -> Result<Outcome> {
-    let out = Command::new(env!("CARGO"))
-        .arg("test")
-        .arg("--no-fail-fast")
-        .args(args)
+/// A child process's end: exit status and output, or killed at its time limit.
+struct Finished {
+    success: bool,
+    stdout: String,
+    stderr: String,
+    timed_out: bool,
+    secs: f64,
+}
+
+/// Runs `cmd` in a process group of its own with its output captured; past `limit` the
+/// whole group (cargo and every test binary it started) is killed, so nothing is left
+/// running and no hung test stalls the run.
+fn run_limited(mut cmd: Command, limit: Duration) -> Result<Finished> {
+    use std::io::Read;
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("mutants: cannot start cargo")?;
+    // Drained on threads so a chatty child never blocks on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let err = drain(Box::new(child.stderr.take().expect("piped")));
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > limit {
+            timed_out = true;
+            kill_group(child.id());
+            break child.wait()?;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Ok(Finished {
+        success: status.success() && !timed_out,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        timed_out,
+        secs: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// SIGKILL to the process group `pgid` (the child made it with `process_group(0)`).
+fn kill_group(pgid: u32) {
+    // `kill(1)` rather than libc: this crate has no unsafe.
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .status();
+}
+
+/// A build or a test run longer than this is stuck, not slow (a mutant that loops in
+/// const evaluation, a baseline that hangs): it is stopped and reported.
+const STUCK: Duration = Duration::from_secs(3600);
+
+fn cargo(ws: &Path, args: &[&str], no_run: bool) -> Command {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.arg("test").arg("--no-fail-fast");
+    if no_run {
+        cmd.arg("--no-run");
+    }
+    cmd.args(args)
         .current_dir(ws)
-        .env("CARGO_TARGET_DIR", ws.join("target"))
-        .output()?;
-    Ok(classify(
-        out.status.success(),
-        &String::from_utf8_lossy(&out.stdout),
-        &String::from_utf8_lossy(&out.stderr),
-    ))
+        .env("CARGO_TARGET_DIR", ws.join("target"));
+    cmd
+}
+
+/// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within
+/// `limit`: only the run is timed, so a slow rebuild is never taken for a hang.
+fn cargo_test(ws: &Path, args: &[&str], limit: Duration) -> Result<(Outcome, f64)> {
+    // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
+    let build = run_limited(cargo(ws, args, true), STUCK)?;
+    if build.timed_out || !build.success {
+        return Ok((Outcome::Unviable, build.secs));
+    }
+    let run = run_limited(cargo(ws, args, false), limit)?;
+    if run.timed_out {
+        return Ok((Outcome::TimedOut, run.secs));
+    }
+    Ok((classify(run.success, &run.stdout, &run.stderr), run.secs))
+}
+
+/// The time limit of a mutant's tests: `factor` times their baseline run, at least
+/// `min`.
+fn limit_for(baseline_secs: f64, factor: f64, min: Duration) -> Duration {
+    Duration::from_secs_f64(baseline_secs * factor).max(min)
+}
+
+/// The crate a mutant's file is in (`crates/npu-runtime/src/cpu.rs` → `npu-runtime`).
+fn crate_of(file: &str) -> &str {
+    file.strip_prefix("crates/")
+        .and_then(|f| f.split('/').next())
+        .unwrap_or(file)
 }
 
 /// Whether this CPU has a feature, by the name `is_x86_feature_detected!` takes.
@@ -933,6 +1026,8 @@ fn missing_features(
 #[derive(Debug, Default, PartialEq)]
 struct Tally {
     caught: usize,
+    /// Of `caught`, those whose tests ran past their time limit.
+    timed_out: usize,
     missed: usize,
     unviable: usize,
     not_applicable: usize,
@@ -942,8 +1037,8 @@ impl Tally {
     /// The summary line every run ends with.
     fn line(&self) -> String {
         format!(
-            "mutants: {} caught, {} missed, {} unviable, {} not applicable",
-            self.caught, self.missed, self.unviable, self.not_applicable
+            "mutants: {} caught ({} by timeout), {} missed, {} unviable, {} not applicable",
+            self.caught, self.timed_out, self.missed, self.unviable, self.not_applicable
         )
     }
 
@@ -965,10 +1060,29 @@ pub fn run(args: &[String]) -> Result<()> {
     // (to show that one test alone catches them, e.g. the upstream test's toy base).
     let mut only: Vec<&str> = Vec::new();
     let mut filter: Option<&str> = None;
+    let mut factor = DEFAULT_TIMEOUT_FACTOR;
+    let mut min_limit = DEFAULT_TIMEOUT_MIN;
     let mut it = args.iter().map(String::as_str);
     while let Some(arg) = it.next() {
         match arg {
             "--filter" => filter = Some(it.next().context("mutants: --filter needs a test name")?),
+            "--timeout-factor" => {
+                let v = it
+                    .next()
+                    .context("mutants: --timeout-factor needs a number")?;
+                factor = v
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| *f >= 1.0)
+                    .with_context(|| format!("mutants: --timeout-factor '{v}': a number >= 1"))?;
+            }
+            "--timeout-min" => {
+                let v = it.next().context("mutants: --timeout-min needs seconds")?;
+                min_limit = Duration::from_secs(
+                    v.parse()
+                        .with_context(|| format!("mutants: --timeout-min '{v}': whole seconds"))?,
+                );
+            }
             flag if flag.starts_with('-') => bail!("mutants: unknown option '{flag}'"),
             name => only.push(name),
         }
@@ -982,21 +1096,43 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let root = crate::workspace_root();
     let ws = scratch_workspace(&root, &root.join("target/mutants"))?;
-    let selected: Vec<&Mutant> = MUTANTS
+    let mut selected: Vec<&Mutant> = MUTANTS
         .iter()
         .filter(|m| only.is_empty() || only.contains(&m.name))
         .collect();
     if selected.is_empty() {
         bail!("mutants: no mutant named {only:?}");
     }
+    if let Some(unknown) = only.iter().find(|n| !MUTANTS.iter().any(|m| m.name == **n)) {
+        bail!("mutants: no mutant named '{unknown}'");
+    }
+    // Mutants of one crate run together: restoring a crate makes whatever next needs it
+    // rebuild it, so interleaving crates would rebuild each one many times over (the
+    // sort is stable: the catalogue's order within a crate).
+    selected.sort_by_key(|m| crate_of(m.file));
     let mut missing = Vec::new();
     for m in &selected {
         missing.push(missing_features(m.requires, cpu_has)?);
     }
+    // The baseline: each distinct test selection once (many mutants share one), built
+    // and then timed; its time sets the limit of its mutants' runs.
     println!("mutants: baseline (the unmutated tests must pass)");
+    let mut baseline: Vec<(Vec<&str>, f64)> = Vec::new();
     for (m, lacks) in selected.iter().zip(&missing) {
-        if lacks.is_empty() && !matches!(cargo_test(&ws, &tests_of(m))?, Outcome::Passed) {
-            bail!("mutants: the tests of '{}' fail without any mutant", m.name);
+        let tests = tests_of(m);
+        if !lacks.is_empty() || baseline.iter().any(|(t, _)| *t == tests) {
+            continue;
+        }
+        match cargo_test(&ws, &tests, STUCK)? {
+            (Outcome::Passed, secs) => {
+                println!("  {:>6.1} s  cargo test {}", secs, tests.join(" "));
+                baseline.push((tests, secs));
+            }
+            (outcome, _) => bail!(
+                "mutants: the tests of '{}' ({}) fail without any mutant: {outcome:?}",
+                m.name,
+                tests.join(" ")
+            ),
         }
     }
     let mut rows: Vec<(String, String, f64)> = Vec::new();
@@ -1051,14 +1187,20 @@ pub fn run(args: &[String]) -> Result<()> {
             }
             None => None,
         };
+        let tests = tests_of(m);
+        let base = baseline
+            .iter()
+            .find(|(t, _)| *t == tests)
+            .map_or(0.0, |(_, secs)| *secs);
+        let limit = limit_for(base, factor, min_limit);
         let start = Instant::now();
-        let outcome = cargo_test(&ws, &tests_of(m));
+        let outcome = cargo_test(&ws, &tests, limit);
         std::fs::write(&path, &original)?;
         if let Some((p2, before)) = second {
             std::fs::write(p2, before)?;
         }
         let secs = start.elapsed().as_secs_f64();
-        let verdict = match outcome? {
+        let verdict = match outcome?.0 {
             Outcome::Failed(n) => {
                 tally.caught += 1;
                 format!("caught ({n} failing)")
@@ -1066,6 +1208,11 @@ pub fn run(args: &[String]) -> Result<()> {
             Outcome::Crashed => {
                 tally.caught += 1;
                 "caught (test binary crashed)".into()
+            }
+            Outcome::TimedOut => {
+                tally.caught += 1;
+                tally.timed_out += 1;
+                format!("caught (timeout, {:.0} s)", limit.as_secs_f64())
             }
             Outcome::Unviable => {
                 tally.unviable += 1;
@@ -1085,6 +1232,11 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("\n{}", tally.line());
     tally.check()
 }
+
+/// A mutant's tests may take this many times their baseline run...
+const DEFAULT_TIMEOUT_FACTOR: f64 = 5.0;
+/// ...and at least this long (a 2-core machine shared with other builds is noisy).
+const DEFAULT_TIMEOUT_MIN: Duration = Duration::from_secs(120);
 
 #[cfg(test)]
 mod tests {
@@ -1127,7 +1279,7 @@ mod tests {
         assert!(ok.check().is_ok());
         assert_eq!(
             ok.line(),
-            "mutants: 3 caught, 0 missed, 0 unviable, 2 not applicable"
+            "mutants: 3 caught (0 by timeout), 0 missed, 0 unviable, 2 not applicable"
         );
         for bad in [
             Tally {
@@ -1154,6 +1306,65 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(missing_features(&[], avx2_only).unwrap().is_empty());
+    }
+
+    /// Every anchor of the catalogue is in the tree exactly once (a refactor that moves
+    /// one makes its mutant unviable; this says so without building anything).
+    #[test]
+    fn every_anchor_is_found_exactly_once() {
+        let root = crate::workspace_root();
+        for m in MUTANTS {
+            let text = std::fs::read_to_string(root.join(m.file)).unwrap();
+            assert_eq!(
+                text.matches(m.find).count(),
+                1,
+                "{}: anchor in {}",
+                m.name,
+                m.file
+            );
+            if let Some((file, find, _)) = m.also {
+                let text = if file == m.file {
+                    text.replacen(m.find, m.replace, 1)
+                } else {
+                    std::fs::read_to_string(root.join(file)).unwrap()
+                };
+                assert_eq!(
+                    text.matches(find).count(),
+                    1,
+                    "{}: second anchor in {file}",
+                    m.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_limit_is_a_multiple_of_the_baseline_with_a_floor() {
+        let min = Duration::from_secs(120);
+        assert_eq!(limit_for(10.0, 5.0, min), min);
+        assert_eq!(limit_for(60.0, 5.0, min), Duration::from_secs(300));
+        assert_eq!(crate_of("crates/npu-runtime/src/cpu.rs"), "npu-runtime");
+    }
+
+    /// A run past its limit is killed with everything it started (the grandchild
+    /// `sleep` would otherwise hold the output pipe open, and `run_limited` would wait
+    /// for it), and reported as timed out; a quick one is not.
+    #[cfg(unix)]
+    #[test]
+    fn a_run_past_its_limit_is_killed_with_its_children() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 600 & echo started; wait"]);
+        let start = Instant::now();
+        let done = run_limited(cmd, Duration::from_millis(300)).unwrap();
+        assert!(done.timed_out && !done.success);
+        assert_eq!(done.stdout, "started\n");
+        // Not a timing assertion: a surviving `sleep 600` would hold this for 10 minutes.
+        assert!(start.elapsed() < Duration::from_secs(300));
+        let mut quick = Command::new("sh");
+        quick.args(["-c", "echo ok; exit 3"]);
+        let done = run_limited(quick, Duration::from_secs(600)).unwrap();
+        assert!(!done.timed_out && !done.success);
+        assert_eq!(done.stdout, "ok\n");
     }
 
     /// Every feature the catalogue names is one the detector knows, and every mutant
