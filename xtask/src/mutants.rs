@@ -803,6 +803,79 @@ pub fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
     Ok(ws)
 }
 
+/// Seeds a scratch target that does not exist yet with the third-party build of the
+/// workspace's own target (`from`, e.g. `target/debug` after CI's `cargo test`): every
+/// unit in `from/.fingerprint` whose package is not a workspace member, with its files in
+/// `deps/` and `build/` (same names: cargo's unit hashes of registry packages do not
+/// depend on where the workspace is). The scratch then builds only the workspace's
+/// crates (a fresh clone otherwise builds every dependency twice). Workspace units are
+/// never copied: their binaries carry the main tree's paths (`CARGO_BIN_EXE_*`), so
+/// a mutant must build its own. Returns the files copied (0 when there was nothing to do).
+pub fn seed_scratch_target(from: &Path, to: &Path, members: &[String]) -> Result<usize> {
+    if to.exists() || !from.join(".fingerprint").is_dir() {
+        return Ok(0);
+    }
+    // `<package>-<16 hex>` names a unit; the hash also ends its files' stems in `deps/`.
+    let split = |name: &str| -> Option<(String, String)> {
+        let stem = name.split('.').next()?;
+        let (pkg, hash) = stem.rsplit_once('-')?;
+        (hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| (pkg.to_string(), hash.to_string()))
+    };
+    let mut ours = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(from.join(".fingerprint"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some((pkg, hash)) = split(&name) {
+            if members.iter().any(|m| *m == pkg) {
+                ours.insert(hash);
+            }
+        }
+    }
+    // Into a temporary name first, so an interrupted seed leaves no half target.
+    let partial = to.with_extension("seeding");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)?;
+    }
+    let mut copied = 0;
+    for dir in [".fingerprint", "build", "deps"] {
+        let Ok(entries) = std::fs::read_dir(from.join(dir)) else {
+            continue;
+        };
+        std::fs::create_dir_all(partial.join(dir))?;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // A file whose name carries no unit hash is not a unit's (nothing to seed).
+            let Some((_, hash)) = split(&name) else {
+                continue;
+            };
+            if ours.contains(&hash) {
+                continue;
+            }
+            copied += copy_all(&entry.path(), &partial.join(dir).join(&name))?;
+        }
+    }
+    std::fs::rename(&partial, to)?;
+    Ok(copied)
+}
+
+/// Copies a file or a directory tree; returns the files copied.
+fn copy_all(from: &Path, to: &Path) -> Result<usize> {
+    if from.is_dir() {
+        std::fs::create_dir_all(to)?;
+        let mut n = 0;
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            n += copy_all(&entry.path(), &to.join(entry.file_name()))?;
+        }
+        Ok(n)
+    } else {
+        std::fs::copy(from, to)
+            .with_context(|| format!("mutants: seeding: cannot copy {}", from.display()))?;
+        Ok(1)
+    }
+}
+
 fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
     let out = Command::new("git")
         .args(["ls-files", "-z"])
@@ -1096,6 +1169,24 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let root = crate::workspace_root();
     let ws = scratch_workspace(&root, &root.join("target/mutants"))?;
+    let own_target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let members: Vec<String> = crate::tidy::members(&root)?
+        .iter()
+        .map(|m| crate::tidy::package_name(m))
+        .collect::<Result<_>>()?;
+    let seeded = seed_scratch_target(
+        &own_target.join("debug"),
+        &ws.join("target/debug"),
+        &members,
+    )?;
+    if seeded > 0 {
+        println!(
+            "mutants: seeded the scratch target with {seeded} files of third-party builds from {}",
+            own_target.join("debug").display()
+        );
+    }
     let mut selected: Vec<&Mutant> = MUTANTS
         .iter()
         .filter(|m| only.is_empty() || only.contains(&m.name))
@@ -1365,6 +1456,46 @@ mod tests {
         let done = run_limited(quick, Duration::from_secs(600)).unwrap();
         assert!(!done.timed_out && !done.success);
         assert_eq!(done.stdout, "ok\n");
+    }
+
+    #[test]
+    fn seeding_copies_third_party_units_only_and_only_into_a_new_target() {
+        let from = tempfile::tempdir().unwrap();
+        let f = from.path();
+        let (dep, ours) = ("0123456789abcdef", "fedcba9876543210");
+        for (path, text) in [
+            (format!(".fingerprint/serde-{dep}/lib-serde"), "x"),
+            (
+                format!(".fingerprint/onebit-kernels-{ours}/lib-onebit_kernels"),
+                "x",
+            ),
+            (format!("deps/libserde-{dep}.rlib"), "rlib"),
+            (format!("deps/serde-{dep}.d"), "d"),
+            (format!("deps/libonebit_kernels-{ours}.rlib"), "ours"),
+            (format!("deps/q8-{ours}"), "test binary"),
+            (format!("build/serde-{dep}/output"), "cargo:rustc-cfg=x"),
+            ("incremental/onebit_kernels-1/s".to_string(), "not seeded"),
+        ] {
+            let p = f.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        let to_dir = tempfile::tempdir().unwrap();
+        let to = to_dir.path().join("debug");
+        let members = ["onebit-kernels".to_string()];
+        assert_eq!(seed_scratch_target(f, &to, &members).unwrap(), 4);
+        assert!(to.join(format!("deps/libserde-{dep}.rlib")).exists());
+        assert!(to.join(format!("build/serde-{dep}/output")).exists());
+        assert!(to
+            .join(format!(".fingerprint/serde-{dep}/lib-serde"))
+            .exists());
+        assert!(!to
+            .join(format!("deps/libonebit_kernels-{ours}.rlib"))
+            .exists());
+        assert!(!to.join(format!("deps/q8-{ours}")).exists());
+        assert!(!to.join("incremental").exists());
+        // A scratch target that exists is the scratch's own build: left alone.
+        assert_eq!(seed_scratch_target(f, &to, &members).unwrap(), 0);
     }
 
     /// Every feature the catalogue names is one the detector knows, and every mutant

@@ -340,7 +340,7 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The workspace's member directories, from the root Cargo.toml's `members = [...]`.
-fn members(root: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn members(root: &Path) -> Result<Vec<PathBuf>> {
     let manifest = read(&root.join("Cargo.toml"))?;
     let start = manifest
         .find("members")
@@ -357,7 +357,7 @@ fn members(root: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// `[package] name` of a member.
-fn package_name(krate: &Path) -> Result<String> {
+pub(crate) fn package_name(krate: &Path) -> Result<String> {
     let manifest = read(&krate.join("Cargo.toml"))?;
     manifest
         .lines()
