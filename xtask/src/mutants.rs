@@ -1042,6 +1042,27 @@ fn limit_for(baseline_secs: f64, factor: f64, min: Duration) -> Duration {
     Duration::from_secs_f64(baseline_secs * factor).max(min)
 }
 
+/// The workspace's crates that mutants edit, every crate before those it depends on
+/// (ARCHITECTURE.md's layers, top down).
+const DEPENDENTS_FIRST: &[&str] = &[
+    "onebit",
+    "onebit-engine",
+    "mtp",
+    "npu-runtime",
+    "dflash-draft",
+    "onebit-kernels",
+    "q4nx-convert",
+    "q4nx-format",
+];
+
+/// Where a crate's mutants run in the order (a crate not listed runs last).
+fn build_rank(krate: &str) -> usize {
+    DEPENDENTS_FIRST
+        .iter()
+        .position(|&c| c == krate)
+        .unwrap_or(DEPENDENTS_FIRST.len())
+}
+
 /// The crate a mutant's file is in (`crates/npu-runtime/src/cpu.rs` → `npu-runtime`).
 fn crate_of(file: &str) -> &str {
     file.strip_prefix("crates/")
@@ -1197,10 +1218,11 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some(unknown) = only.iter().find(|n| !MUTANTS.iter().any(|m| m.name == **n)) {
         bail!("mutants: no mutant named '{unknown}'");
     }
-    // Mutants of one crate run together: restoring a crate makes whatever next needs it
-    // rebuild it, so interleaving crates would rebuild each one many times over (the
-    // sort is stable: the catalogue's order within a crate).
-    selected.sort_by_key(|m| crate_of(m.file));
+    // Mutants of one crate run together, dependents before their dependencies: restoring
+    // a crate makes the next build that needs it rebuild it, so interleaved crates would
+    // be rebuilt many times over, and in this order no later selection needs an earlier
+    // crate restored on its own (the sort is stable: the catalogue's order within a crate).
+    selected.sort_by_key(|m| build_rank(crate_of(m.file)));
     let mut missing = Vec::new();
     for m in &selected {
         missing.push(missing_features(m.requires, cpu_has)?);
@@ -1435,6 +1457,35 @@ mod tests {
         assert_eq!(limit_for(10.0, 5.0, min), min);
         assert_eq!(limit_for(60.0, 5.0, min), Duration::from_secs(300));
         assert_eq!(crate_of("crates/npu-runtime/src/cpu.rs"), "npu-runtime");
+    }
+
+    /// Every crate the catalogue mutates has a place in the order, after every crate
+    /// that depends on it (read from the manifests).
+    #[test]
+    fn mutated_crates_run_dependents_first() {
+        let root = crate::workspace_root();
+        for m in MUTANTS {
+            assert!(
+                build_rank(crate_of(m.file)) < DEPENDENTS_FIRST.len(),
+                "{}: crate {} is not in DEPENDENTS_FIRST",
+                m.name,
+                crate_of(m.file)
+            );
+        }
+        for (i, krate) in DEPENDENTS_FIRST.iter().enumerate() {
+            let manifest =
+                std::fs::read_to_string(root.join("crates").join(krate).join("Cargo.toml"))
+                    .unwrap();
+            let deps = manifest.split("[dependencies]").nth(1).unwrap_or("");
+            let deps = deps.split("\n[").next().unwrap_or("");
+            for later in &DEPENDENTS_FIRST[..i] {
+                assert!(
+                    !deps.lines().any(|l| l.starts_with(&format!("{later}."))
+                        || l.starts_with(&format!("{later} "))),
+                    "{krate} depends on {later}, which runs before it"
+                );
+            }
+        }
     }
 
     /// A run past its limit is killed with everything it started (the grandchild
