@@ -872,6 +872,13 @@ fn copy_all(from: &Path, to: &Path) -> Result<usize> {
     } else {
         std::fs::copy(from, to)
             .with_context(|| format!("mutants: seeding: cannot copy {}", from.display()))?;
+        // Cargo takes a unit whose dependency's output is newer than its own for stale:
+        // copies stamped "now" in copying order would rebuild everything.
+        let modified = std::fs::metadata(from)?.modified()?;
+        std::fs::File::options()
+            .write(true)
+            .open(to)?
+            .set_modified(modified)?;
         Ok(1)
     }
 }
@@ -1560,6 +1567,13 @@ mod tests {
         let members = ["onebit-kernels".to_string()];
         assert_eq!(seed_scratch_target(f, &to, &members).unwrap(), 4);
         assert!(to.join(format!("deps/libserde-{dep}.rlib")).exists());
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        let rlib = format!("deps/libserde-{dep}.rlib");
+        assert_eq!(
+            mtime(&to.join(&rlib)),
+            mtime(&f.join(&rlib)),
+            "copies keep their mtimes"
+        );
         assert!(to.join(format!("build/serde-{dep}/output")).exists());
         assert!(to
             .join(format!(".fingerprint/serde-{dep}/lib-serde"))
