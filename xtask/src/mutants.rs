@@ -826,7 +826,7 @@ pub fn seed_scratch_target(from: &Path, to: &Path, members: &[String]) -> Result
     for entry in std::fs::read_dir(from.join(".fingerprint"))? {
         let name = entry?.file_name().to_string_lossy().into_owned();
         if let Some((pkg, hash)) = split(&name) {
-            if members.iter().any(|m| *m == pkg) {
+            if members.contains(&pkg) {
                 ours.insert(hash);
             }
         }
