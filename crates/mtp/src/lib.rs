@@ -15,7 +15,8 @@
 //! target's distribution ([`verify::verify`]). The target's KV cache and the tap sink
 //! end every round holding exactly the committed positions. [`DFlashHead`] runs a
 //! DFlash draft as a head; [`PackageHooks`] gives it the target's embedding and head.
-//! [`LookupHead`] drafts by prompt lookup (no model).
+//! [`LookupHead`] drafts by prompt lookup (no model); [`ChainedHead`] takes each round
+//! from lookup or a DFlash draft, whichever has been accepting more.
 //!
 //! The draft length adapts by default ([`RunOptions::adaptive`]): before each round
 //! [`AdaptiveK`] picks the k (0 = a plain step) with the most expected tokens per
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 mod adaptive;
+mod chain;
 mod dflash;
 mod head;
 mod hooks;
@@ -40,6 +42,7 @@ pub use adaptive::{
     best_k, calibrate, expected_accepted, warmed_up, AcceptanceEstimate, AdaptiveConfig, AdaptiveK,
     Choice, PassCosts, CALIBRATION_ROUNDS, WARM_UP_GAIN, WARM_UP_MAX_PASSES, WARM_UP_SETTLED,
 };
+pub use chain::{ChainedHead, PROBE_EVERY};
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
 pub use hooks::PackageHooks;

@@ -91,6 +91,50 @@ pub enum DrafterConfig {
         /// The draft package directory.
         dir: PathBuf,
     },
+    /// Prompt lookup chained with a DFlash draft ([`mtp::ChainedHead`]): each round
+    /// takes the proposal of the drafter that has been accepting more.
+    Chained {
+        /// The draft package directory.
+        dir: PathBuf,
+        /// Lookup's longest suffix n-gram.
+        ngram: usize,
+    },
+}
+
+impl DrafterConfig {
+    /// The drafter the command-line flags ask for (`--draft DIR`, `--lookup`, both to
+    /// chain them), the one rule `run`, `bench` and `serve` share.
+    pub fn from_flags(draft: Option<&Path>, lookup: bool, ngram: usize) -> DrafterConfig {
+        match (draft, lookup) {
+            (Some(dir), true) => DrafterConfig::Chained {
+                dir: dir.to_path_buf(),
+                ngram,
+            },
+            (Some(dir), false) => DrafterConfig::DFlash {
+                dir: dir.to_path_buf(),
+            },
+            (None, true) => DrafterConfig::Lookup { ngram },
+            (None, false) => DrafterConfig::None,
+        }
+    }
+
+    /// A short name for reports (`none`, `lookup`, `dflash DIR`, `lookup+dflash DIR`).
+    pub fn describe(&self) -> String {
+        match self {
+            DrafterConfig::None => "none".into(),
+            DrafterConfig::Lookup { .. } => "lookup".into(),
+            DrafterConfig::DFlash { dir } => format!("dflash {}", dir.display()),
+            DrafterConfig::Chained { dir, .. } => format!("lookup+dflash {}", dir.display()),
+        }
+    }
+
+    /// The DFlash draft package, when the drafter has one.
+    fn draft_dir(&self) -> Option<&Path> {
+        match self {
+            DrafterConfig::DFlash { dir } | DrafterConfig::Chained { dir, .. } => Some(dir),
+            _ => None,
+        }
+    }
 }
 
 /// How to load an [`Engine`].
@@ -239,8 +283,8 @@ impl Engine {
             package.config.bos_token_id,
             &package.config.eos_token_ids,
         )?;
-        let draft = match &config.drafter {
-            DrafterConfig::DFlash { dir } => {
+        let draft = match config.drafter.draft_dir() {
+            Some(dir) => {
                 let model = dflash_draft::load_draft(dir)?;
                 model.check_target(&dflash_draft::TargetShape {
                     name: config.model.display().to_string(),
@@ -686,6 +730,9 @@ pub struct Completion {
     pub stats: mtp::Stats,
     /// Whether a drafter ran.
     pub drafted: bool,
+    /// Verified rounds by drafter, when several were chained (`[("lookup", n),
+    /// ("dflash", m)]`); empty otherwise.
+    pub rounds_by_drafter: Vec<(&'static str, usize)>,
 }
 
 impl Completion {
@@ -803,6 +850,7 @@ impl Session {
             timings: Timings::default(),
             stats: mtp::Stats::default(),
             drafted: false,
+            rounds_by_drafter: Vec::new(),
         };
         // Chunked prefill (`Forward::prefill_with`, the flag asked before each chunk): the
         // whole chunks here, the last (partial) chunk, which holds the last prompt token,
@@ -846,17 +894,20 @@ impl Session {
         };
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
-            (DrafterConfig::DFlash { .. }, true) => {
+            (DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }, true) => {
                 let d = engine
                     .draft
                     .as_ref()
                     .expect("a DFlash engine loads its draft");
                 let hooks = self.target.draft_hooks(&engine.package)?;
-                Some(Box::new(mtp::DFlashHead::new(
-                    d.weights,
-                    Box::new(hooks),
-                    self.taps.clone(),
-                )))
+                let dflash = mtp::DFlashHead::new(d.weights, Box::new(hooks), self.taps.clone());
+                match &engine.config.drafter {
+                    DrafterConfig::Chained { ngram, .. } => Some(Box::new(mtp::ChainedHead::new(
+                        mtp::LookupHead::new(*ngram),
+                        dflash,
+                    ))),
+                    _ => Some(Box::new(dflash)),
+                }
             }
             _ => None,
         };
@@ -965,6 +1016,10 @@ impl Session {
         completion.text = out_text;
         completion.stop = stop;
         completion.stats = out.stats;
+        completion.rounds_by_drafter = head
+            .as_ref()
+            .map(|h| h.rounds_by_drafter())
+            .unwrap_or_default();
         Ok(completion)
     }
 }

@@ -169,8 +169,10 @@ pub struct RunArgs {
     #[arg(long, value_parser = ["always", "every-third", "never"], conflicts_with = "draft")]
     pub oracle: Option<String>,
     /// Prompt-lookup drafting (no model): draft what followed the latest earlier
-    /// occurrence of the longest suffix n-gram of prompt + output.
-    #[arg(long, conflicts_with_all = ["draft", "oracle"])]
+    /// occurrence of the longest suffix n-gram of prompt + output. With --draft, the
+    /// two are chained: each round takes lookup's proposal or the draft's, whichever
+    /// has been accepting more.
+    #[arg(long, conflicts_with = "oracle")]
     pub lookup: bool,
     /// With --lookup: the longest suffix n-gram matched (down to 1).
     #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
@@ -303,13 +305,7 @@ pub fn prompt(args: &RunArgs, engine: &Engine) -> Result<Prompt> {
 
 /// The drafter `args` ask for.
 fn drafter(args: &RunArgs) -> DrafterConfig {
-    match &args.draft {
-        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
-        None if args.lookup => DrafterConfig::Lookup {
-            ngram: args.lookup_ngram,
-        },
-        None => DrafterConfig::None,
-    }
+    DrafterConfig::from_flags(args.draft.as_deref(), args.lookup, args.lookup_ngram)
 }
 
 /// `--kv-type` values.
@@ -693,7 +689,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let info = engine.info();
     let calibration_seconds = engine.calibration_seconds();
-    let drafter_name = if args.lookup { "lookup" } else { "dflash" };
+    let drafter_name = match (args.lookup, args.draft.is_some()) {
+        (true, true) => "lookup+dflash",
+        (true, false) => "lookup",
+        _ => "dflash",
+    };
     if args.json {
         let mut obj = json!({
             "prompt_tokens": prompt_ids,
@@ -719,6 +719,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
             s["adaptive"] = json!(engine.adaptive());
             s["draft_max"] = json!(args.draft_max);
             s["calibration_seconds"] = json!(calibration_seconds);
+            if !out.rounds_by_drafter.is_empty() {
+                s["rounds_by_drafter"] = out
+                    .rounds_by_drafter
+                    .iter()
+                    .map(|(name, n)| (name.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
+            }
             // Plain decoding's rate in this run: one 1-row pass a token (its timed
             // cost; `--compare` measures a whole plain decode instead).
             if let Some(one) = out.stats.pass_costs.cost(1) {

@@ -47,9 +47,9 @@ pub struct ServeArgs {
     /// The target package directory (config.json, model.q4nx, tokenizer.json).
     pub model_dir: PathBuf,
     /// A DFlash draft package: decode speculatively (same text as without it).
-    #[arg(long, conflicts_with = "lookup")]
+    #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Prompt-lookup drafting (no model).
+    /// Prompt-lookup drafting (no model); with --draft, chained with the draft.
     #[arg(long)]
     pub lookup: bool,
     /// Drafts verified per round at most (k).
@@ -239,13 +239,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         device: 0,
     };
     let mut config = target.engine_config()?;
-    config.drafter = match &args.draft {
-        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
-        None if args.lookup => DrafterConfig::Lookup {
-            ngram: mtp::DEFAULT_MAX_NGRAM,
-        },
-        None => DrafterConfig::None,
-    };
+    config.drafter =
+        DrafterConfig::from_flags(args.draft.as_deref(), args.lookup, mtp::DEFAULT_MAX_NGRAM);
     config.draft_max = args.draft_max;
     config.share_passes = args.parallel > 1 && !args.no_shared_passes;
     config.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
@@ -320,11 +315,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let (package_bytes, modified, digest) = package_facts(&config.model);
                 let ctx = engine.ctx_len().unwrap_or(0);
-                let drafter = match &config.drafter {
-                    DrafterConfig::None => "none".to_string(),
-                    DrafterConfig::Lookup { .. } => "lookup".to_string(),
-                    DrafterConfig::DFlash { dir } => format!("dflash {}", dir.display()),
-                };
+                let drafter = config.drafter.describe();
                 let info = engine.info().clone();
                 let _ = app.ready.set(Ready {
                     parallel,
