@@ -784,7 +784,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "chained-drafter-ignores-its-estimates",
         file: "crates/mtp/src/chain.rs",
-        find: "(Some(l), Some(d)) => l >= d || self.passed_over + 1 >= PROBE_EVERY,",
+        find: "(Some(l), Some(d)) => l >= d || passed_over + 1 >= PROBE_EVERY,",
         replace: "(Some(_), Some(_)) => true,",
         tests: &["-p", "mtp", "chain"],
         also: None,
