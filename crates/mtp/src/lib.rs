@@ -29,6 +29,7 @@ mod adaptive;
 mod dflash;
 mod head;
 mod hooks;
+mod logprob;
 mod lookup;
 mod oracle;
 mod run;
@@ -43,8 +44,11 @@ pub use adaptive::{
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
 pub use hooks::PackageHooks;
+pub use logprob::{log_softmax, token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK};
-pub use sample::{Sampler, SamplingConfig, SamplingError};
+pub use run::{
+    run, run_from, run_observed, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK,
+};
+pub use sample::{PenaltyState, Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

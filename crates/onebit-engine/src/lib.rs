@@ -526,6 +526,7 @@ impl Request {
                 temperature: 0.0,
                 top_p: 1.0,
                 seed: 0,
+                ..mtp::SamplingConfig::default()
             },
             stop: Vec::new(),
             ignore_eos: false,

@@ -397,6 +397,7 @@ fn sampling_config(args: &RunArgs) -> SamplingConfig {
         top_p: args.top_p,
         seed: args.seed,
     }
+    ..SamplingConfig::default()
 }
 
 /// The text of `ids`, or the ids themselves without a tokenizer.

@@ -509,6 +509,7 @@ fn sampling(
         top_p: top_p.unwrap_or(1.0),
         // Negative seeds (other than -1) are accepted as given, by their bits.
         seed: seed as u64,
+        ..mtp::SamplingConfig::default()
     };
     config.check().map_err(|e| {
         let param = match e {
