@@ -143,9 +143,11 @@ const Q: [f32; 4] = [0.1, 0.1, 0.2, 0.6];
 /// with the analytic distribution of the first three tokens (64 cells), computed by
 /// enumeration with an independent f64 implementation of the chain
 /// (`common::reference_distribution`). Pearson's goodness-of-fit test at significance
-/// 0.001 (cells expecting fewer than 5 pooled). Measured (40,000 trials an arm):
-/// temperature 1: plain 61.9, exact-match 56.3, min(1, p/q) 60.3 (df 63, critical 103.5);
-/// penalties: plain 26.7, exact-match 28.0, min(1, p/q) 22.5 (df 26, critical 54.1).
+/// 0.001 (cells expecting fewer than 5 pooled; the seeds are fixed, so the outcome is
+/// too). Measured (40,000 trials an arm): temperature 1: plain 50.8, exact-match 72.3,
+/// min(1, p/q) 71.4 (df 60, critical 99.7); penalties + top-k + top-p + min-p: plain
+/// 37.2, exact-match 27.2, min(1, p/q) 13.9 (df 23, critical 49.8). Each named mutant of
+/// `verify.rs` (`cargo xtask mutants`) makes an arm fail.
 #[test]
 fn speculative_sampling_matches_the_analytic_distribution() {
     let trials = 40_000;
@@ -186,14 +188,13 @@ fn speculative_sampling_matches_the_analytic_distribution() {
         }
     }
     // And the test can fail: a sample of another law (the penalties left out) is refused.
-    let [(_, plain_config), (_, penalized)] = configurations();
+    let [_, (_, penalized)] = configurations();
     let unpenalized = SamplingConfig {
         repeat_penalty: 1.0,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         ..penalized
     };
-    let _ = plain_config;
     let expected = common::analytic_histogram(4, 0, 0.0, &[1, 2], &penalized, 3);
     let other = histogram(|_| None, unpenalized, 3_000_000, trials);
     let (stat, df) = common::chi2_fit(&other, &expected);
