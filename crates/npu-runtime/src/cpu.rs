@@ -4,11 +4,15 @@ use crate::error::{Result, TargetError};
 use crate::forward::{Forward, TapSink};
 use std::sync::{Arc, OnceLock};
 
+use crate::kernels::attention::SequenceRows;
 use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
 use crate::model::{HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights};
 use crate::profile::{Clock, PassProfile, Stage};
+
+mod batch;
+pub use batch::{BatchStats, Membership, PassBatcher, DEFAULT_LINGER};
 
 /// One layer's projections repacked for the `q8` family: q, k and v stacked into one
 /// matrix, gate and up into another, so each runs as one parallel region.
@@ -214,13 +218,14 @@ impl CpuModel {
     pub fn session_with(self: &Arc<Self>, kv_type: KvType) -> CpuTarget {
         let c = &self.config;
         CpuTarget {
-            cache: KvCache::new(kv_type, c.num_layers, c.num_kv_heads, c.head_dim),
             model: self.clone(),
-            taps: None,
-            last_hidden: Vec::new(),
-            rope_cos: Vec::new(),
-            rope_sin: Vec::new(),
-            profile: None,
+            state: SessionState::new(KvCache::new(
+                kv_type,
+                c.num_layers,
+                c.num_kv_heads,
+                c.head_dim,
+            )),
+            batcher: None,
         }
     }
 
@@ -399,11 +404,10 @@ impl CpuModel {
     }
 }
 
-/// One session over a [`CpuModel`]: the per-sequence state (KV cache, layer taps, rope
-/// tables, the last pass's hidden rows). `'static` and `Send`, so a server can move it to
-/// a worker thread; any number of sessions share one model.
-pub struct CpuTarget {
-    model: Arc<CpuModel>,
+/// What a pass reads and writes besides the shared model: one sequence's KV cache, its
+/// layer taps, rope tables and last hidden rows. Kept apart from [`CpuTarget`] so a
+/// [`PassBatcher`] can take several sessions' states into one pass.
+pub(crate) struct SessionState {
     cache: KvCache,
     taps: Option<(Vec<usize>, TapSink)>,
     last_hidden: Vec<f32>,
@@ -413,6 +417,369 @@ pub struct CpuTarget {
     /// The stages' times of the passes since profiling was turned on (boxed: a session
     /// that never profiles carries a pointer, not the table).
     profile: Option<Box<PassProfile>>,
+}
+
+impl SessionState {
+    fn new(cache: KvCache) -> SessionState {
+        SessionState {
+            cache,
+            taps: None,
+            last_hidden: Vec::new(),
+            rope_cos: Vec::new(),
+            rope_sin: Vec::new(),
+            profile: None,
+        }
+    }
+
+    /// What a session holds while its state is away in a batched pass: nothing (a
+    /// cache of no layers allocates nothing).
+    fn away() -> SessionState {
+        SessionState::new(KvCache::new(KvType::F32, 0, 0, 0))
+    }
+
+    fn ensure_rope(&mut self, cfg: &TargetConfig, positions: usize) {
+        let half = cfg.head_dim / 2;
+        let have = self.rope_cos.len() / half.max(1);
+        for p in have..positions {
+            let (c, s) = kernels::rope_table(cfg.rope_theta, cfg.head_dim, p);
+            self.rope_cos.extend(c);
+            self.rope_sin.extend(s);
+        }
+    }
+}
+
+/// One session's rows in a pass: the tokens it runs at its next positions, and whether
+/// it wants every row's logits or only the last row's (a prefill chunk).
+pub(crate) struct PassPart<'a> {
+    pub(crate) state: &'a mut SessionState,
+    pub(crate) tokens: &'a [u32],
+    pub(crate) all_logits: bool,
+}
+
+/// A part that passed its checks: where its rows sit in the pass and where it starts.
+struct Placed {
+    part: usize,
+    rows: std::ops::Range<usize>,
+    p0: usize,
+}
+
+impl CpuModel {
+    /// One pass over the rows of every part (each a session at its own position), inside
+    /// the team: the projections, norms and head run once over all the rows; rope, the
+    /// KV append and attention run per part against that part's own cache. Every kernel
+    /// is batch invariant (a row's bits never depend on the rows beside it), so each
+    /// part gets exactly the logits a pass of its rows alone would give. A part refused
+    /// (too long, a token outside the vocabulary) gets its error and leaves the others
+    /// running; the answers come back in the parts' order.
+    pub(crate) fn pass(
+        &self,
+        parts: &mut [PassPart<'_>],
+        clock: &mut Clock,
+    ) -> Vec<Result<Vec<f32>>> {
+        let cfg = &self.config;
+        let mut answers: Vec<Option<Result<Vec<f32>>>> = parts.iter().map(|_| None).collect();
+        let mut placed: Vec<Placed> = Vec::with_capacity(parts.len());
+        let mut x = Vec::new();
+        let mut n = 0;
+        for (i, part) in parts.iter_mut().enumerate() {
+            let p0 = part.state.cache.len();
+            let k = part.tokens.len();
+            if p0.saturating_add(k) > cfg.max_positions {
+                answers[i] = Some(Err(TargetError::TooLong {
+                    position: p0,
+                    n: k,
+                    max: cfg.max_positions,
+                }));
+                continue;
+            }
+            match clock.time(Stage::Embed, || self.embed(part.tokens)) {
+                Err(e) => answers[i] = Some(Err(e)),
+                Ok(_) if k == 0 => {
+                    part.state.last_hidden.clear();
+                    answers[i] = Some(Ok(Vec::new()));
+                }
+                Ok(rows) => {
+                    x.extend_from_slice(&rows);
+                    part.state.ensure_rope(cfg, p0 + k);
+                    placed.push(Placed {
+                        part: i,
+                        rows: n..n + k,
+                        p0,
+                    });
+                    n += k;
+                }
+            }
+        }
+        if n > 0 {
+            for (part, logits) in self.layers(parts, &placed, x, clock) {
+                answers[part] = Some(Ok(logits));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every part of a pass is answered"))
+            .collect()
+    }
+
+    /// The layers and head over the placed parts' rows `x` (embedded): each placed
+    /// part's logits.
+    fn layers(
+        &self,
+        parts: &mut [PassPart<'_>],
+        placed: &[Placed],
+        mut x: Vec<f32>,
+        clock: &mut Clock,
+    ) -> Vec<(usize, Vec<f32>)> {
+        let cfg = &self.config;
+        let n = placed.last().map_or(0, |p| p.rows.end);
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_eps);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let last = cfg.num_layers - 1;
+        // The layers any part taps (the residual stream after them is kept for it).
+        let mut tapped = vec![false; cfg.num_layers];
+        for p in placed {
+            if let Some((layers, _)) = &parts[p.part].state.taps {
+                for &l in layers {
+                    tapped[l] = true;
+                }
+            }
+        }
+        let mut tap_values: Vec<Option<Vec<f32>>> = vec![None; cfg.num_layers];
+        let mut normed = vec![0f32; n * h];
+        let isa = self.kernel;
+        // At q8: each projection's input rows quantized once, outputs per stacked part.
+        let mut projector = Q8Projector {
+            rows: n,
+            levels: self.precision.levels().unwrap_or(q8::Levels::One),
+            isa,
+            quantized: QuantizedRows::default(),
+            output: Vec::new(),
+        };
+        let (qd, kvd) = (cfg.q_dim(), cfg.num_kv_heads * hd);
+
+        for (l, layer) in self.weights().layers.iter().enumerate() {
+            clock.time(Stage::Norms, || {
+                kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed)
+            });
+            let (mut q, mut k, v) = match self.packed.get(l) {
+                Some(p) => {
+                    let y = projector.project(&p.qkv, &normed, h, clock);
+                    let s = p.qkv.stride();
+                    clock.time(Stage::Activation, || {
+                        (
+                            gather(y, n, s, p.qkv.part(0)),
+                            gather(y, n, s, p.qkv.part(1)),
+                            gather(y, n, s, p.qkv.part(2)),
+                        )
+                    })
+                }
+                None => clock.time(Stage::Projections, || {
+                    (
+                        self.project(&layer.q, &normed, n),
+                        self.project(&layer.k, &normed, n),
+                        self.project(&layer.v, &normed, n),
+                    )
+                }),
+            };
+            // Rope and the KV append per part, each at its own positions into its own
+            // cache; then causal attention of every part's rows in one region, row i of
+            // a part seeing its positions 0..=p0+i (`kernels::attention`: the same bits
+            // for a row whatever the rows around it, the split or the threads).
+            for placed in placed {
+                let state = &mut *parts[placed.part].state;
+                let rows = placed.rows.clone();
+                let (q, k) = (
+                    &mut q[rows.start * qd..rows.end * qd],
+                    &mut k[rows.start * kvd..rows.end * kvd],
+                );
+                let rope = clock.start(Stage::Rope);
+                kernels::norm_and_rope(
+                    q,
+                    cfg.num_heads,
+                    hd,
+                    layer.q_norm.as_deref(),
+                    eps,
+                    placed.p0,
+                    &state.rope_cos,
+                    &state.rope_sin,
+                );
+                kernels::norm_and_rope(
+                    k,
+                    cfg.num_kv_heads,
+                    hd,
+                    layer.k_norm.as_deref(),
+                    eps,
+                    placed.p0,
+                    &state.rope_cos,
+                    &state.rope_sin,
+                );
+                clock.stop(rope);
+                let v = &v[rows.start * kvd..rows.end * kvd];
+                clock.time(Stage::KvAppend, || {
+                    state.cache.layer_mut(l).append(k, v, rows.len())
+                });
+            }
+            let attention = clock.start(Stage::Attention);
+            let sequences: Vec<SequenceRows<'_>> = placed
+                .iter()
+                .map(|p| SequenceRows {
+                    layer: parts[p.part].state.cache.layer(l),
+                    rows: p.rows.clone(),
+                    p0: p.p0,
+                })
+                .collect();
+            let mut attn = vec![0f32; n * qd];
+            kernels::attention::attention_many(
+                isa,
+                &sequences,
+                &q,
+                cfg.num_heads,
+                scale,
+                &mut attn,
+            );
+            drop(sequences);
+            clock.stop(attention);
+            let projected_o;
+            let o: &[f32] = match self.packed.get(l) {
+                Some(p) => {
+                    // `h` is every q/k/v input's width, a multiple of 32 (checked at
+                    // load), so o's and down's outputs carry no padding rows.
+                    debug_assert_eq!(p.o.stride(), h);
+                    projector.project(&p.o, &attn, qd, clock)
+                }
+                None => {
+                    projected_o =
+                        clock.time(Stage::Projections, || self.project(&layer.o, &attn, n));
+                    &projected_o
+                }
+            };
+            clock.time(Stage::Residual, || {
+                for (xv, ov) in x.iter_mut().zip(o) {
+                    *xv += ov;
+                }
+            });
+            clock.time(Stage::Norms, || {
+                kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed)
+            });
+            let projected_down;
+            let down: &[f32] = match self.packed.get(l) {
+                Some(p) => {
+                    let y = projector.project(&p.gate_up, &normed, h, clock);
+                    let s = p.gate_up.stride();
+                    let gate = clock.time(Stage::Activation, || {
+                        let mut gate = gather(y, n, s, p.gate_up.part(0));
+                        let up = gather(y, n, s, p.gate_up.part(1));
+                        kernels::swiglu(&mut gate, &up);
+                        gate
+                    });
+                    debug_assert_eq!(p.down.stride(), h);
+                    projector.project(&p.down, &gate, cfg.intermediate_size, clock)
+                }
+                None => {
+                    let (mut gate, up) = clock.time(Stage::Projections, || {
+                        (
+                            self.project(&layer.gate, &normed, n),
+                            self.project(&layer.up, &normed, n),
+                        )
+                    });
+                    clock.time(Stage::Activation, || kernels::swiglu(&mut gate, &up));
+                    projected_down =
+                        clock.time(Stage::Projections, || self.project(&layer.down, &gate, n));
+                    &projected_down
+                }
+            };
+            clock.time(Stage::Residual, || {
+                for (xv, dv) in x.iter_mut().zip(down) {
+                    *xv += dv;
+                }
+            });
+            if l != last && tapped[l] {
+                tap_values[l] = Some(x.clone());
+            }
+        }
+        let mut final_hidden = vec![0f32; n * h];
+        clock.time(Stage::Norms, || {
+            kernels::rms_norm(&x, &self.weights().final_norm, eps, &mut final_hidden)
+        });
+        // Each part's tap rows: the concatenation, in its taps' order, of the tapped
+        // layers' rows (the last layer's tap is the final-normed row).
+        for placed in placed {
+            let Some((layers, sink)) = &parts[placed.part].state.taps else {
+                continue;
+            };
+            let mut sink = sink.lock().expect("tap sink lock poisoned");
+            let mut row = Vec::with_capacity(layers.len() * h);
+            for i in placed.rows.clone() {
+                row.clear();
+                for &l in layers {
+                    let values = match l == last {
+                        true => &final_hidden,
+                        false => tap_values[l].as_ref().expect("a tapped layer is kept"),
+                    };
+                    row.extend_from_slice(&values[i * h..(i + 1) * h]);
+                }
+                sink.push_row(&row);
+            }
+        }
+        self.heads(parts, placed, final_hidden, clock)
+    }
+
+    /// The logits each placed part asked for (all its rows, or its last), from one head
+    /// pass over those rows; each part keeps its final-normed rows as `last_hidden`.
+    fn heads(
+        &self,
+        parts: &mut [PassPart<'_>],
+        placed: &[Placed],
+        final_hidden: Vec<f32>,
+        clock: &mut Clock,
+    ) -> Vec<(usize, Vec<f32>)> {
+        let h = self.config.hidden_size;
+        let vocab = self.config.vocab_size;
+        let wanted: Vec<std::ops::Range<usize>> = placed
+            .iter()
+            .map(|p| match parts[p.part].all_logits {
+                true => p.rows.clone(),
+                false => p.rows.end - 1..p.rows.end,
+            })
+            .collect();
+        if let [only] = placed {
+            // One part (every unbatched pass): no copies.
+            let rows = wanted[0].clone();
+            let logits = clock.time(Stage::Head, || {
+                self.head_in_pool(&final_hidden[rows.start * h..rows.end * h], rows.len())
+            });
+            parts[only.part].state.last_hidden = final_hidden;
+            return vec![(only.part, logits)];
+        }
+        let mut head_input = Vec::new();
+        for rows in &wanted {
+            head_input.extend_from_slice(&final_hidden[rows.start * h..rows.end * h]);
+        }
+        let m = head_input.len() / h;
+        let logits = clock.time(Stage::Head, || self.head_in_pool(&head_input, m));
+        let mut at = 0;
+        placed
+            .iter()
+            .zip(&wanted)
+            .map(|(p, rows)| {
+                let count = rows.len() * vocab;
+                let state = &mut *parts[p.part].state;
+                state.last_hidden = final_hidden[p.rows.start * h..p.rows.end * h].to_vec();
+                at += count;
+                (p.part, logits[at - count..at].to_vec())
+            })
+            .collect()
+    }
+}
+
+/// One session over a [`CpuModel`]: the per-sequence state (KV cache, layer taps, rope
+/// tables, the last pass's hidden rows). `'static` and `Send`, so a server can move it to
+/// a worker thread; any number of sessions share one model. A session that joined a
+/// [`PassBatcher`] runs each pass together with the other sessions' waiting rows.
+pub struct CpuTarget {
+    model: Arc<CpuModel>,
+    state: SessionState,
+    batcher: Option<Arc<PassBatcher>>,
 }
 
 impl CpuTarget {
@@ -444,12 +811,12 @@ impl CpuTarget {
 
     /// The KV cache's storage type.
     pub fn kv_type(&self) -> KvType {
-        self.cache.kv_type()
+        self.state.cache.kv_type()
     }
 
     /// Bytes the KV cache holds (it grows with the positions, a key block at a time).
     pub fn kv_bytes(&self) -> usize {
-        self.cache.byte_len()
+        self.state.cache.byte_len()
     }
 
     /// Threads in the model's team.
@@ -467,239 +834,68 @@ impl CpuTarget {
         self.model.weight_bytes_per_pass()
     }
 
-    fn ensure_rope(&mut self, positions: usize) {
-        let cfg = &self.model.config;
-        let half = cfg.head_dim / 2;
-        let have = self.rope_cos.len() / half.max(1);
-        for p in have..positions {
-            let (c, s) = kernels::rope_table(cfg.rope_theta, cfg.head_dim, p);
-            self.rope_cos.extend(c);
-            self.rope_sin.extend(s);
+    /// From now on this session's passes go through `batcher`, sharing each pass with
+    /// the other member sessions' waiting rows (same bits as passes of its own).
+    /// Refused when the batcher runs another model.
+    pub fn join(&mut self, batcher: Arc<PassBatcher>) -> Result<()> {
+        if !Arc::ptr_eq(batcher.model(), &self.model) {
+            return Err(TargetError::Unsupported(
+                "a session can only share passes with sessions over the same model".into(),
+            ));
         }
+        self.batcher = Some(batcher);
+        Ok(())
     }
-}
 
-impl CpuTarget {
+    /// The batcher this session's passes go through, if it joined one.
+    pub fn batcher(&self) -> Option<&Arc<PassBatcher>> {
+        self.batcher.as_ref()
+    }
+
     /// Profiles the passes from now on (`true`) or stops (`false`, dropping what was
-    /// gathered); [`CpuTarget::take_profile`] reads it.
+    /// gathered); [`CpuTarget::take_profile`] reads it. A batched pass is timed in the
+    /// profile of the first session in it.
     pub fn set_profiling(&mut self, on: bool) {
-        self.profile = on.then(Box::default);
+        self.state.profile = on.then(Box::default);
     }
 
     /// The stages' times of the passes since profiling began or since the last call,
     /// then starts afresh (`None` when not profiling).
     pub fn take_profile(&mut self) -> Option<PassProfile> {
-        self.profile.as_deref_mut().map(std::mem::take)
+        self.state.profile.as_deref_mut().map(std::mem::take)
     }
 
-    fn forward_in_pool(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
-        let mut clock = Clock::new(self.profile.take().map(|p| *p));
-        let result = self.forward_timed(tokens, all_logits, &mut clock);
-        // A refused or empty pass is not a pass; its partial times are dropped with it.
-        let counted = result.is_ok() && !tokens.is_empty();
-        self.profile = clock.finish(counted).map(Box::new);
-        result
+    fn run(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        if let Some(batcher) = &self.batcher {
+            return batcher.submit(&mut self.state, tokens, all_logits);
+        }
+        let model = self.model.clone();
+        model
+            .team
+            .install(|| model.pass_alone(&mut self.state, tokens, all_logits))
     }
+}
 
-    fn forward_timed(
-        &mut self,
+impl CpuModel {
+    /// One session's pass on its own (inside the team), timed into its profile.
+    fn pass_alone(
+        &self,
+        state: &mut SessionState,
         tokens: &[u32],
         all_logits: bool,
-        clock: &mut Clock,
     ) -> Result<Vec<f32>> {
-        // The model is shared and read-only; a clone of its `Arc` lets the pass read it
-        // while the session's cache is written.
-        let model = self.model.clone();
-        let model = &*model;
-        let n = tokens.len();
-        let p0 = self.cache.len();
-        if p0 + n > model.config.max_positions {
-            return Err(TargetError::TooLong {
-                position: p0,
-                n,
-                max: model.config.max_positions,
-            });
-        }
-        let mut x = clock.time(Stage::Embed, || model.embed(tokens))?;
-        if n == 0 {
-            self.last_hidden.clear();
-            return Ok(Vec::new());
-        }
-        self.ensure_rope(p0 + n);
-        let cfg = &model.config;
-        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_eps);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let last = cfg.num_layers - 1;
-        let taps: Vec<usize> = self
-            .taps
-            .as_ref()
-            .map(|(l, _)| l.clone())
-            .unwrap_or_default();
-        let mut tap_values: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
-        let mut normed = vec![0f32; n * h];
-        let isa = model.kernel;
-        // At q8: each projection's input rows quantized once, outputs per stacked part.
-        let mut projector = Q8Projector {
-            rows: n,
-            levels: model.precision.levels().unwrap_or(q8::Levels::One),
-            isa,
-            quantized: QuantizedRows::default(),
-            output: Vec::new(),
-        };
-
-        for (l, layer) in model.weights().layers.iter().enumerate() {
-            clock.time(Stage::Norms, || {
-                kernels::rms_norm(&x, &layer.input_norm, eps, &mut normed)
-            });
-            let (mut q, mut k, v) = match model.packed.get(l) {
-                Some(p) => {
-                    let y = projector.project(&p.qkv, &normed, h, clock);
-                    let s = p.qkv.stride();
-                    clock.time(Stage::Activation, || {
-                        (
-                            gather(y, n, s, p.qkv.part(0)),
-                            gather(y, n, s, p.qkv.part(1)),
-                            gather(y, n, s, p.qkv.part(2)),
-                        )
-                    })
-                }
-                None => clock.time(Stage::Projections, || {
-                    (
-                        model.project(&layer.q, &normed, n),
-                        model.project(&layer.k, &normed, n),
-                        model.project(&layer.v, &normed, n),
-                    )
-                }),
-            };
-            let rope = clock.start(Stage::Rope);
-            kernels::norm_and_rope(
-                &mut q,
-                cfg.num_heads,
-                hd,
-                layer.q_norm.as_deref(),
-                eps,
-                p0,
-                &self.rope_cos,
-                &self.rope_sin,
-            );
-            kernels::norm_and_rope(
-                &mut k,
-                cfg.num_kv_heads,
-                hd,
-                layer.k_norm.as_deref(),
-                eps,
-                p0,
-                &self.rope_cos,
-                &self.rope_sin,
-            );
-            clock.stop(rope);
-            clock.time(Stage::KvAppend, || {
-                self.cache.layer_mut(l).append(&k, &v, n)
-            });
-            // Causal attention: row i sees positions 0..=p0+i (`kernels::attention`: the
-            // same bits for a row whatever the rows around it, the split or the threads).
-            let attention = clock.start(Stage::Attention);
-            let mut attn = vec![0f32; n * cfg.q_dim()];
-            kernels::attention::attention(
-                isa,
-                self.cache.layer(l),
-                &q,
-                n,
-                p0,
-                cfg.num_heads,
-                scale,
-                &mut attn,
-            );
-            clock.stop(attention);
-            let projected_o;
-            let o: &[f32] = match model.packed.get(l) {
-                Some(p) => {
-                    // `h` is every q/k/v input's width, a multiple of 32 (checked at
-                    // load), so o's and down's outputs carry no padding rows.
-                    debug_assert_eq!(p.o.stride(), h);
-                    projector.project(&p.o, &attn, cfg.q_dim(), clock)
-                }
-                None => {
-                    projected_o =
-                        clock.time(Stage::Projections, || model.project(&layer.o, &attn, n));
-                    &projected_o
-                }
-            };
-            clock.time(Stage::Residual, || {
-                for (xv, ov) in x.iter_mut().zip(o) {
-                    *xv += ov;
-                }
-            });
-            clock.time(Stage::Norms, || {
-                kernels::rms_norm(&x, &layer.post_norm, eps, &mut normed)
-            });
-            let projected_down;
-            let down: &[f32] = match model.packed.get(l) {
-                Some(p) => {
-                    let y = projector.project(&p.gate_up, &normed, h, clock);
-                    let s = p.gate_up.stride();
-                    let gate = clock.time(Stage::Activation, || {
-                        let mut gate = gather(y, n, s, p.gate_up.part(0));
-                        let up = gather(y, n, s, p.gate_up.part(1));
-                        kernels::swiglu(&mut gate, &up);
-                        gate
-                    });
-                    debug_assert_eq!(p.down.stride(), h);
-                    projector.project(&p.down, &gate, cfg.intermediate_size, clock)
-                }
-                None => {
-                    let (mut gate, up) = clock.time(Stage::Projections, || {
-                        (
-                            model.project(&layer.gate, &normed, n),
-                            model.project(&layer.up, &normed, n),
-                        )
-                    });
-                    clock.time(Stage::Activation, || kernels::swiglu(&mut gate, &up));
-                    projected_down =
-                        clock.time(Stage::Projections, || model.project(&layer.down, &gate, n));
-                    &projected_down
-                }
-            };
-            clock.time(Stage::Residual, || {
-                for (xv, dv) in x.iter_mut().zip(down) {
-                    *xv += dv;
-                }
-            });
-            for (t, &tap) in taps.iter().enumerate() {
-                if tap == l && l != last {
-                    tap_values[t] = x.clone();
-                }
-            }
-        }
-        let mut final_hidden = vec![0f32; n * h];
-        clock.time(Stage::Norms, || {
-            kernels::rms_norm(&x, &model.weights().final_norm, eps, &mut final_hidden)
-        });
-        for (t, &tap) in taps.iter().enumerate() {
-            if tap == last {
-                tap_values[t] = final_hidden.clone();
-            }
-        }
-        if let Some((_, sink)) = &self.taps {
-            let mut sink = sink.lock().expect("tap sink lock poisoned");
-            let mut row = Vec::with_capacity(taps.len() * h);
-            for i in 0..n {
-                row.clear();
-                for values in &tap_values {
-                    row.extend_from_slice(&values[i * h..(i + 1) * h]);
-                }
-                sink.push_row(&row);
-            }
-        }
-        let logits = clock.time(Stage::Head, || {
-            if all_logits {
-                model.head_in_pool(&final_hidden, n)
-            } else {
-                model.head_in_pool(&final_hidden[(n - 1) * h..], 1)
-            }
-        });
-        self.last_hidden = final_hidden;
-        Ok(logits)
+        let mut clock = Clock::new(state.profile.take().map(|p| *p));
+        let mut parts = [PassPart {
+            state,
+            tokens,
+            all_logits,
+        }];
+        let [answer] = <[_; 1]>::try_from(self.pass(&mut parts, &mut clock))
+            .unwrap_or_else(|_| unreachable!("one part, one answer"));
+        // A refused or empty pass is not a pass; its partial times are dropped with it.
+        let counted = answer.is_ok() && !tokens.is_empty();
+        parts[0].state.profile = clock.finish(counted).map(Box::new);
+        answer
     }
 }
 
@@ -709,42 +905,41 @@ impl Forward for CpuTarget {
     }
 
     fn position(&self) -> usize {
-        self.cache.len()
+        self.state.cache.len()
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let model = self.model.clone();
-        model.team.install(|| self.forward_in_pool(tokens, true))
+        self.run(tokens, true)
     }
 
     fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let model = self.model.clone();
-        model.team.install(|| self.forward_in_pool(tokens, false))
+        self.run(tokens, false)
     }
 
     fn last_hidden(&self) -> &[f32] {
-        &self.last_hidden
+        &self.state.last_hidden
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.cache.len() {
+        let cache = &mut self.state.cache;
+        if len > cache.len() {
             return Err(TargetError::TruncateBeyond {
                 len,
-                position: self.cache.len(),
+                position: cache.len(),
             });
         }
-        self.cache.truncate(len);
+        cache.truncate(len);
         Ok(())
     }
 
     fn set_layer_taps(&mut self, layers: &[usize], sink: TapSink) -> Result<()> {
         crate::forward::check_taps(&self.model.config, layers, &sink)?;
-        self.taps = Some((layers.to_vec(), sink));
+        self.state.taps = Some((layers.to_vec(), sink));
         Ok(())
     }
 
     fn clear_layer_taps(&mut self) {
-        self.taps = None;
+        self.state.taps = None;
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {

@@ -36,7 +36,9 @@ mod model;
 pub mod npu;
 pub mod profile;
 
-pub use cpu::{CpuModel, CpuOptions, CpuTarget};
+pub use cpu::{
+    BatchStats, CpuModel, CpuOptions, CpuTarget, Membership, PassBatcher, DEFAULT_LINGER,
+};
 pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
 pub use kernels::kv::KvType;

@@ -467,3 +467,146 @@ fn chunked_prefill_is_exact_and_cancellable() {
     assert_eq!(err.to_string(), "target: prefill cancelled at position 0");
     assert_eq!(t.position(), 0);
 }
+
+/// Sessions that share passes through a [`PassBatcher`] each get, bit for bit, the
+/// logits and tap rows they get alone: decode steps, speculative blocks with rollbacks
+/// and prefill chunks of several sessions at different positions run as one pass. The
+/// batcher waits for every member (a linger far longer than the test), so each pass
+/// holds every session still running, and a session that finishes leaves at once: the
+/// others would otherwise wait out the linger at every step (the watchdog fails that).
+#[test]
+fn batched_sessions_equal_lone_sessions() {
+    use npu_runtime::PassBatcher;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    for precision in [Precision::F32, Precision::Q8x2] {
+        let options = CpuOptions {
+            precision,
+            kv_type: KvType::Bf16,
+            ..Default::default()
+        };
+        let model = npu_runtime::CpuModel::load(package.clone(), options).unwrap();
+        let vocab = model.config().vocab_size;
+        // Session s: a prompt of 10 + 25 s tokens prefilled in chunks of 16, then
+        // `8 + 4 s` rounds of a block of 1 + (round % 4) rows whose first row is the
+        // greedy pick, rolled back to keep half of it (a speculative round's shape).
+        let script = move |target: &mut CpuTarget, s: usize| -> (Vec<f32>, TapRows) {
+            let sink = Arc::new(Mutex::new(TapRows::new(0)));
+            if s.is_multiple_of(2) {
+                target.set_layer_taps(&[1, 0], sink.clone()).unwrap();
+            }
+            let prompt: Vec<u32> = (0..10 + 25 * s as u32)
+                .map(|i| (i * 37 + s as u32 * 11) % 512)
+                .collect();
+            let mut seen = Vec::new();
+            let mut last = Vec::new();
+            for chunk in prompt.chunks(16) {
+                last = target.forward_last(chunk).unwrap();
+                seen.extend_from_slice(&last);
+            }
+            for round in 0..8 + 4 * s {
+                let next = argmax(&last[last.len() - vocab..]) as u32;
+                let block: Vec<u32> = (0..1 + round % 4)
+                    .map(|j| {
+                        if j == 0 {
+                            next
+                        } else {
+                            (next + j as u32 * 7) % 512
+                        }
+                    })
+                    .collect();
+                let at = target.position();
+                let logits = target.forward(&block).unwrap();
+                seen.extend_from_slice(&logits);
+                let keep = block.len().div_ceil(2);
+                target.truncate(at + keep).unwrap();
+                sink.lock().unwrap().truncate(at + keep);
+                last = logits[(keep - 1) * vocab..keep * vocab].to_vec();
+            }
+            let rows = sink.lock().unwrap().clone();
+            (seen, rows)
+        };
+        let alone: Vec<_> = (0..4).map(|s| script(&mut model.session(), s)).collect();
+        let batcher = PassBatcher::new(model.clone(), Duration::from_secs(3600));
+        let (done, finished) = mpsc::channel();
+        let members: Vec<_> = (0..4).map(|_| batcher.member()).collect();
+        for (s, member) in members.into_iter().enumerate() {
+            let (model, batcher, done) = (model.clone(), batcher.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut target = model.session();
+                target.join(batcher).unwrap();
+                let out = script(&mut target, s);
+                drop(member);
+                done.send((s, out)).unwrap();
+            });
+        }
+        let mut together: Vec<Option<(Vec<f32>, TapRows)>> = vec![None; 4];
+        for _ in 0..4 {
+            let (s, out) = finished
+                .recv_timeout(Duration::from_secs(120))
+                .expect("batched sessions wedged: a session that left is still waited for");
+            together[s] = Some(out);
+        }
+        for (s, (alone, together)) in alone.iter().zip(&together).enumerate() {
+            let together = together.as_ref().unwrap();
+            assert!(
+                alone.0 == together.0,
+                "{}: session {s}'s logits differ when batched",
+                precision.name()
+            );
+            assert!(
+                alone.1 == together.1,
+                "{}: session {s}'s tap rows differ when batched",
+                precision.name()
+            );
+        }
+        let stats = batcher.stats();
+        assert_eq!(batcher.members(), 0);
+        assert_eq!(stats.widest, 4, "{stats:?}: the first passes hold all four");
+        assert!(stats.passes < stats.parts, "{stats:?}");
+    }
+}
+
+/// A batched session whose rows are refused gets its error; the sessions sharing the
+/// pass get their answers as alone.
+#[test]
+fn a_refused_part_leaves_the_shared_pass_running() {
+    use npu_runtime::PassBatcher;
+    use std::time::Duration;
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    let model = npu_runtime::CpuModel::load(package, CpuOptions::default()).unwrap();
+    let alone = model.session().forward(&[5, 6, 7]).unwrap();
+    let batcher = PassBatcher::new(model.clone(), Duration::from_secs(3600));
+    let (a, b) = (batcher.member(), batcher.member());
+    let (good, bad) = std::thread::scope(|scope| {
+        let good = scope.spawn(|| {
+            let mut t = model.session();
+            t.join(batcher.clone()).unwrap();
+            let out = t.forward(&[5, 6, 7]);
+            drop(a);
+            out
+        });
+        let bad = scope.spawn(|| {
+            let mut t = model.session();
+            t.join(batcher.clone()).unwrap();
+            let out = t.forward(&[1, 100_000]);
+            drop(b);
+            (out, t.position())
+        });
+        (good.join().unwrap(), bad.join().unwrap())
+    });
+    assert!(good.unwrap() == alone, "the good part's logits differ");
+    assert_eq!(
+        bad.0.unwrap_err().to_string(),
+        "target: token id 100000 is outside the vocabulary of 512"
+    );
+    assert_eq!(bad.1, 0, "a refused part runs nothing");
+    let mut t = model.session();
+    t.join(batcher.clone()).unwrap();
+    assert!(
+        t.forward(&[5, 6, 7]).unwrap() == alone,
+        "a lone submit runs at once"
+    );
+    assert_eq!(batcher.stats().widest, 2);
+}

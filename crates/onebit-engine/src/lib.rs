@@ -57,8 +57,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use npu_runtime::kernels::Isa;
+pub use npu_runtime::{BatchStats, DEFAULT_LINGER};
 use npu_runtime::{
-    CpuModel, CpuOptions, Forward, HeadKind, KvType, Precision, TapRows, TapSink, TargetPackage,
+    CpuModel, CpuOptions, Forward, HeadKind, KvType, PassBatcher, Precision, TapRows, TapSink,
+    TargetPackage,
 };
 
 pub use backend::{Backend, PassProfile, Stage, Target};
@@ -126,6 +128,14 @@ pub struct EngineConfig {
     /// The context size a request must fit (prompt + max tokens); `None`: no check.
     /// Capped at the model's `max_position_embeddings`.
     pub ctx_len: Option<usize>,
+    /// Sessions that generate at the same time share passes (continuous batching on the
+    /// CPU backend, [`npu_runtime::PassBatcher`]): each pass runs every generating
+    /// session's next rows at once. Answers are bit for bit those of sessions alone;
+    /// the other backends ignore it.
+    pub share_passes: bool,
+    /// How long a shared pass waits at most for a member busy elsewhere
+    /// ([`PassBatcher::linger`]).
+    pub pass_linger: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -154,6 +164,8 @@ impl EngineConfig {
             draft_max: 7,
             fixed_k: false,
             ctx_len: None,
+            share_passes: false,
+            pass_linger: DEFAULT_LINGER,
         }
     }
 }
@@ -209,6 +221,8 @@ pub struct Engine {
     info: TargetInfo,
     /// The target opened at load (calibrated there), handed to the first session.
     spare: Mutex<Option<Target<'static>>>,
+    /// The CPU sessions' shared passes, when [`EngineConfig::share_passes`] is set.
+    batcher: Option<Arc<PassBatcher>>,
     load_seconds: f64,
 }
 
@@ -292,6 +306,10 @@ impl Engine {
             weight_bytes_per_pass: target.weight_bytes_per_pass(),
         };
         let ctx_len = config.ctx_len.map(|n| n.min(package.config.max_positions));
+        let batcher = match (&shared, config.share_passes) {
+            (Shared::Cpu(model), true) => Some(PassBatcher::new(model.clone(), config.pass_linger)),
+            _ => None,
+        };
         Ok(Arc::new(Engine {
             config: config.clone(),
             package,
@@ -305,6 +323,7 @@ impl Engine {
             kernel,
             info,
             spare: Mutex::new(Some(target)),
+            batcher,
             load_seconds: start.elapsed().as_secs_f64(),
         }))
     }
@@ -321,6 +340,9 @@ impl Engine {
                 self.config.cpu_options(self.kernel),
             )?,
         };
+        if let (Some(batcher), Target::Cpu(t)) = (&self.batcher, &mut target) {
+            t.join(batcher.clone())?;
+        }
         let sink: TapSink = Arc::new(Mutex::new(TapRows::new(0)));
         if let Some(d) = &self.draft {
             target.set_layer_taps(&d.model.config.target_layer_ids, sink.clone())?;
@@ -369,6 +391,26 @@ impl Engine {
     /// What runs the target.
     pub fn info(&self) -> &TargetInfo {
         &self.info
+    }
+
+    /// The shared passes' counters, when sessions share passes.
+    pub fn batch_stats(&self) -> Option<BatchStats> {
+        self.batcher.as_ref().map(|b| b.stats())
+    }
+
+    /// Sessions generating in shared passes right now (0 when passes are not shared).
+    pub fn batch_members(&self) -> usize {
+        self.batcher.as_ref().map_or(0, |b| b.members())
+    }
+
+    /// Prompt positions per prefill pass: [`PREFILL_CHUNK`] alone; a quarter of it when
+    /// sessions share passes, so a long prompt joining delays the others' next tokens
+    /// by a short pass at a time.
+    fn prefill_chunk(&self) -> usize {
+        match self.batcher {
+            Some(_) => PREFILL_CHUNK / 4,
+            None => PREFILL_CHUNK,
+        }
     }
 
     /// The context size requests must fit, if one was set.
@@ -799,7 +841,11 @@ impl Session {
         }
         let ids = self.engine.tokenize(&request.prompt)?;
         self.engine.check_fits(ids.len(), request.max_tokens)?;
+        // A member of the shared passes while it generates: finished, failed or
+        // cancelled, it leaves when this drops, and the others stop waiting for it.
+        let membership = self.engine.batcher.as_ref().map(|b| b.member());
         let result = self.generate_ids(&ids, request, sink, cancel);
+        drop(membership);
         if result.is_err() {
             self.reset();
         }
@@ -841,12 +887,13 @@ impl Session {
         // whole chunks here, the last (partial) chunk, which holds the last prompt token,
         // in the loop's own prefill pass — one pass for a short prompt.
         let cached = self.target.position();
-        let whole = (ids.len() - cached).saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK;
-        let prefilled =
-            self.target
-                .prefill_with(&ids[cached..cached + whole], PREFILL_CHUNK, &mut |_| {
-                    !cancel.is_cancelled()
-                });
+        let chunk = engine.prefill_chunk();
+        let whole = (ids.len() - cached).saturating_sub(1) / chunk * chunk;
+        let prefilled = self
+            .target
+            .prefill_with(&ids[cached..cached + whole], chunk, &mut |_| {
+                !cancel.is_cancelled()
+            });
         match prefilled {
             Ok(_) | Err(npu_runtime::TargetError::Cancelled { .. }) => {}
             Err(e) => return Err(e.into()),

@@ -472,3 +472,61 @@ fn rows_of_a_range_equal_the_position_vectors() {
         assert!(message.contains("kv: values of positions"), "{message}");
     }
 }
+
+/// Several sequences' rows in one call ([`attention::attention_many`], a pass shared by
+/// sessions) give each row exactly the bits of its own sequence's call, at every KV
+/// type, on every variant, under one and two threads: sequences of different lengths
+/// (one past several key blocks), decode rows and multi-row blocks side by side.
+#[test]
+fn sequences_together_equal_each_alone() {
+    use attention::SequenceRows;
+    let team = Team::new(2, "attention-many").unwrap();
+    for kv_type in KvType::ALL {
+        // (kv heads 3 × group 3, head_dim 64: SmolLM2's geometry.)
+        let cases: Vec<Case> = [(150, 1, 11), (7, 3, 12), (64, 1, 13), (200, 5, 14)]
+            .iter()
+            .map(|&(len, n, seed)| case(kv_type, 3, 3, 64, len, n, seed))
+            .collect();
+        for isa in Isa::available() {
+            let alone: Vec<f32> = cases
+                .iter()
+                .flat_map(|c| run(c, isa, Split::Auto))
+                .collect();
+            let mut at = 0;
+            let sequences: Vec<SequenceRows<'_>> = cases
+                .iter()
+                .map(|c| {
+                    at += c.n;
+                    SequenceRows {
+                        layer: &c.layer,
+                        rows: at - c.n..at,
+                        p0: c.p0,
+                    }
+                })
+                .collect();
+            let queries: Vec<f32> = cases.iter().flat_map(|c| c.queries.clone()).collect();
+            for threads in [1, 2] {
+                let mut together = vec![0f32; alone.len()];
+                let mut call = || {
+                    attention::attention_many(
+                        isa,
+                        &sequences,
+                        &queries,
+                        9,
+                        cases[0].scale,
+                        &mut together,
+                    )
+                };
+                match threads {
+                    1 => call(),
+                    _ => team.install(call),
+                }
+                assert_bits(
+                    &together,
+                    &alone,
+                    &format!("{} {} kv, {threads} threads", isa.name(), kv_type.name()),
+                );
+            }
+        }
+    }
+}

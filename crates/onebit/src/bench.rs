@@ -32,6 +32,12 @@ pub struct BenchArgs {
     /// goes, per pass in ms (averaged over the timed repetitions).
     #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
     pub profile: bool,
+    /// N sessions generating --tokens greedy tokens each at once, sharing passes (what
+    /// `onebit serve --parallel N` does with N concurrent requests), against the same
+    /// requests one at a time: total tokens/s of each, best of --repeat; the texts must
+    /// be equal.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=64), conflicts_with_all = ["oracle", "draft", "lookup", "profile", "context"])]
+    pub sessions: Option<usize>,
     /// Long-context mode: prefill N tokens (in chunks, timed once) instead of
     /// --prefill-tokens, then time decode and the n-row passes at that depth.
     #[arg(long, conflicts_with_all = ["oracle", "draft", "lookup"])]
@@ -112,6 +118,9 @@ fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     if args.oracle.is_some() || args.draft.is_some() || args.lookup {
         return speculative(args);
+    }
+    if let Some(n) = args.sessions {
+        return shared_sessions(args, n);
     }
     let engine = args.target.engine(DrafterConfig::None, 0, true)?;
     // Positions needed: the prompt, the decode steps, then the largest n-row pass.
@@ -272,6 +281,123 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if !profiles.is_empty() {
             print_profile(&profiles);
         }
+    }
+    Ok(())
+}
+
+/// `--sessions N`: N greedy requests one after another, then all at once in shared
+/// passes, on the same sessions (reset before each run, so every run prefills); the
+/// fastest of `--repeat` runs of each, alternating.
+fn shared_sessions(args: &BenchArgs, n: usize) -> Result<()> {
+    let mut config = args.target.engine_config()?;
+    config.share_passes = true;
+    let engine = onebit_engine::Engine::load(&config)?;
+    let vocab = engine.package().config.vocab_size;
+    let prompt_len = 32;
+    let needed = prompt_len + args.tokens;
+    let max = engine.package().config.max_positions;
+    if needed > max {
+        anyhow::bail!("bench --sessions: a {prompt_len}-token prompt and --tokens {} need {needed} positions; the model has {max}", args.tokens);
+    }
+    let requests: Vec<Request> = (0..n)
+        .map(|s| {
+            let mut r = Request::new(
+                Prompt::Tokens(tokens(prompt_len, vocab, 10 + s)),
+                args.tokens,
+            );
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let mut sessions = (0..n)
+        .map(|_| engine.session())
+        .collect::<Result<Vec<_>, _>>()?;
+    let generate = |s: &mut onebit_engine::Session, r: &Request| {
+        s.reset();
+        s.generate(r, &mut NullSink, &CancelFlag::new())
+    };
+    let (mut alone_best, mut together_best) = (f64::INFINITY, f64::INFINITY);
+    let mut produced = 0;
+    let mut shared = onebit_engine::BatchStats::default();
+    for _ in 0..args.repeat {
+        let start = Instant::now();
+        let alone = sessions
+            .iter_mut()
+            .zip(&requests)
+            .map(|(s, r)| generate(s, r))
+            .collect::<Result<Vec<Completion>, _>>()?;
+        alone_best = alone_best.min(start.elapsed().as_secs_f64());
+        let from = engine.batch_stats().unwrap_or_default();
+        let start = Instant::now();
+        let together = std::thread::scope(|scope| {
+            let handles: Vec<_> = sessions
+                .iter_mut()
+                .zip(&requests)
+                .map(|(s, r)| scope.spawn(move || generate(s, r)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a bench session panicked"))
+                .collect::<Result<Vec<Completion>, _>>()
+        })?;
+        together_best = together_best.min(start.elapsed().as_secs_f64());
+        let to = engine.batch_stats().unwrap_or_default();
+        shared = onebit_engine::BatchStats {
+            passes: to.passes - from.passes,
+            parts: to.parts - from.parts,
+            rows: to.rows - from.rows,
+            widest: to.widest,
+        };
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            if a.tokens != t.tokens {
+                anyhow::bail!("bench --sessions: session {i}'s tokens differ when it shares passes (a bug in onebit: please report it)");
+            }
+        }
+        produced = alone.iter().map(|c| c.tokens.len()).sum::<usize>();
+    }
+    let info = engine.info();
+    let (alone_rate, together_rate) = (
+        produced as f64 / alone_best,
+        produced as f64 / together_best,
+    );
+    let per_pass = |x: u64| x as f64 / shared.passes.max(1) as f64;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "model": args.target.model.display().to_string(),
+                "threads": info.threads,
+                "kernel": info.kernel,
+                "precision": info.precision.name(),
+                "sessions": n,
+                "tokens_per_session": args.tokens,
+                "one_at_a_time_tokens_per_second": alone_rate,
+                "together_tokens_per_second": together_rate,
+                "together_vs_one_at_a_time": together_rate / alone_rate,
+                "shared_passes": shared.passes,
+                "sessions_per_pass": per_pass(shared.parts),
+                "rows_per_pass": per_pass(shared.rows),
+                "texts_equal": true,
+            })
+        );
+    } else {
+        println!(
+            "{}: {n} sessions x {} greedy tokens ({} threads, {} kernel, {} precision)",
+            args.target.model.display(),
+            args.tokens,
+            info.threads,
+            info.kernel,
+            info.precision.name()
+        );
+        println!("one at a time:          {alone_rate:.1} tok/s in total");
+        println!(
+            "together, shared passes: {together_rate:.1} tok/s in total ({:.2}x; {} passes, {:.2} sessions and {:.2} rows a pass)",
+            together_rate / alone_rate,
+            shared.passes,
+            per_pass(shared.parts),
+            per_pass(shared.rows)
+        );
+        println!("texts: equal (every session's tokens are those it generates alone)");
     }
     Ok(())
 }

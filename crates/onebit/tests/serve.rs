@@ -2008,3 +2008,111 @@ fn echo_logprobs_equal_perplexity_and_speculation_changes_none() {
     let (_, b) = lookup.post("/v1/chat/completions", &chat_body);
     assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
 }
+
+/// With `--parallel 4` the generating sessions share passes (continuous batching), and
+/// every answer is byte for byte the one the same request gets alone: greedy and seeded
+/// sampling, chat and completions, with and without prompt lookup, a request joining
+/// mid-stream, and beside one cancelled mid-stream. The passes really were shared
+/// (/metrics: more sessions than passes), and the cancelled session left them (no
+/// member is waited for once every request is done).
+#[test]
+fn shared_passes_answer_as_alone() {
+    let (_dir, pkg) = tiny();
+    for extra in [&[][..], &["--lookup"][..]] {
+        let mut args = vec![
+            "--parallel",
+            "4",
+            "--q-len",
+            "16",
+            "--debug-token-delay-ms",
+            "3",
+        ];
+        args.extend_from_slice(extra);
+        let s = Arc::new(Server::start(&pkg, &args, true));
+        let mut seeded = chat("Tell me a story about a dog", 40);
+        seeded["temperature"] = json!(0.9);
+        seeded["seed"] = json!(42);
+        let requests: Vec<(&str, Value)> = vec![
+            ("/v1/chat/completions", chat("Prompt number one says", 40)),
+            (
+                "/v1/completions",
+                json!({"prompt": [1, 40, 50, 60], "max_tokens": 60, "temperature": 0, "ignore_eos": true}),
+            ),
+            ("/v1/chat/completions", seeded),
+            // Started 150 ms after the others: joins their passes mid-stream.
+            ("/v1/chat/completions", chat("The late one asks", 30)),
+        ];
+        let answer = |v: &Value| -> Value {
+            match &v["choices"][0] {
+                c if c["message"].is_object() => c["message"].clone(),
+                c => c["text"].clone(),
+            }
+        };
+        let alone: Vec<Value> = requests
+            .iter()
+            .map(|(path, body)| {
+                let (st, v) = s.post(path, body);
+                assert_eq!(st, 200, "{v}");
+                answer(&v)
+            })
+            .collect();
+        // One more stream that is cancelled after its first event.
+        let cancelled = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let long = json!({"prompt": [1, 5, 9], "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true});
+                let mut sock = raw_post(&s, "/v1/completions", &long);
+                let mut first = [0u8; 256];
+                let n = sock.read(&mut first).unwrap();
+                let head = String::from_utf8_lossy(&first[..n]);
+                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                std::thread::sleep(Duration::from_millis(100));
+                drop(sock);
+            })
+        };
+        let handles: Vec<_> = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, (path, body))| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    if i == 3 {
+                        std::thread::sleep(Duration::from_millis(150));
+                    }
+                    let (st, v) = s.post(path, &body);
+                    assert_eq!(st, 200, "{v}");
+                    v
+                })
+            })
+            .collect();
+        let together: Vec<Value> = handles
+            .into_iter()
+            .map(|h| answer(&h.join().unwrap()))
+            .collect();
+        cancelled.join().unwrap();
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            assert_eq!(a, t, "{extra:?}: request {i} differs when sharing passes");
+        }
+        s.wait_log("stop: cancelled", 1);
+        let start = Instant::now();
+        let m = loop {
+            let m = scrape(&s);
+            if m.get("onebit_shared_pass_members") == Some(&0.0) {
+                break m;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{extra:?}: a session is still a member after every request ended: {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (passes, sessions) = (
+            m["onebit_shared_passes_total"],
+            m["onebit_shared_pass_sessions_total"],
+        );
+        assert!(
+            sessions > passes,
+            "{extra:?}: no pass was shared ({sessions} sessions in {passes} passes)"
+        );
+    }
+}

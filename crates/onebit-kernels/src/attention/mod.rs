@@ -236,6 +236,130 @@ pub fn attention_split(
     )
 }
 
+/// One row's query heads of one kv head over its `visible` positions, block after block
+/// with the partials combined as they come (online softmax), into `out` (`group ×
+/// head_dim`). The task of [`Split::Rows`] and of [`attention_many`].
+fn row_head_online(
+    k: &Kernels,
+    view: &KvHeadView<'_>,
+    visible: usize,
+    q: &[f32],
+    group: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let pl = partial_len(hd);
+    let mut state = vec![0f32; group * pl];
+    let mut part = vec![0f32; group * pl];
+    for b in 0..visible.div_ceil(BLOCK) {
+        let dst = if b == 0 { &mut state } else { &mut part };
+        let vis = (visible - b * BLOCK).min(BLOCK);
+        // SAFETY: `kernels` chose variants the detected `isa` allows.
+        unsafe { (k.block)(view, b, vis, q, group, dst) };
+        if b > 0 {
+            for (s, p) in state.chunks_exact_mut(pl).zip(part.chunks_exact(pl)) {
+                // SAFETY: as above.
+                unsafe { (k.combine)(s, p) };
+            }
+        }
+    }
+    for (s, o) in state.chunks_exact(pl).zip(out.chunks_exact_mut(hd)) {
+        finish(s, o);
+    }
+}
+
+/// One sequence's query rows in [`attention_many`]: rows `rows` of the queries, at
+/// positions `p0..`, over the sequence's own `layer`.
+pub struct SequenceRows<'a> {
+    /// The sequence's cache of this layer (holding at least `p0 + rows.len()` positions).
+    pub layer: &'a KvLayer,
+    /// Its rows among all the queries.
+    pub rows: std::ops::Range<usize>,
+    /// The position of its first row.
+    pub p0: usize,
+}
+
+/// Causal [`attention`] of several sequences' rows in one parallel region (a pass
+/// shared by several sessions): `sequences` cover the query rows `0..n` in order, each
+/// over its own layer. A row's bits are those [`attention`] gives it alone (every split
+/// gives the same bits); one sequence runs [`attention`] itself.
+///
+/// # Panics
+/// If the sequences do not cover the rows in order, their layers' shapes differ, or a
+/// layer holds fewer positions than its rows need.
+pub fn attention_many(
+    isa: Isa,
+    sequences: &[SequenceRows<'_>],
+    queries: &[f32],
+    num_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let Some(first) = sequences.first() else {
+        return;
+    };
+    let (kvh, hd) = (first.layer.kv_heads(), first.layer.head_dim());
+    let width = num_heads * hd;
+    if let [one] = sequences {
+        let rows = one.rows.clone();
+        let (q, o) = (
+            &queries[rows.start * width..rows.end * width],
+            &mut out[rows.start * width..rows.end * width],
+        );
+        return attention(isa, one.layer, q, rows.len(), one.p0, num_heads, scale, o);
+    }
+    let mut owner = Vec::new();
+    for (j, s) in sequences.iter().enumerate() {
+        assert_eq!(
+            s.rows.start,
+            owner.len(),
+            "attention: sequences out of order"
+        );
+        assert!(
+            s.layer.kv_heads() == kvh && s.layer.head_dim() == hd,
+            "attention: sequences of different shapes"
+        );
+        assert!(
+            s.layer.len() >= s.p0 + s.rows.len(),
+            "attention: a layer holds {} positions, its rows need {}",
+            s.layer.len(),
+            s.p0 + s.rows.len()
+        );
+        owner.resize(s.rows.end, j);
+    }
+    let n = owner.len();
+    assert!(
+        kvh > 0 && num_heads.is_multiple_of(kvh),
+        "attention: {num_heads} heads over {kvh} kv heads"
+    );
+    assert_eq!(queries.len(), n * width, "attention: queries shape");
+    assert_eq!(out.len(), n * width, "attention: output shape");
+    let group = num_heads / kvh;
+    let factor = scale * std::f32::consts::LOG2_E;
+    let q: Vec<f32> = queries.iter().map(|&v| v * factor).collect();
+    let k = kernels(isa, hd);
+    let views: Vec<Vec<KvHeadView<'_>>> = sequences
+        .iter()
+        .map(|s| (0..kvh).map(|h| s.layer.head(h)).collect())
+        .collect();
+    crate::team::for_each_chunk(out, group * hd, |idx, o| {
+        let (i, kh) = (idx / kvh, idx % kvh);
+        let j = owner[i];
+        let s = &sequences[j];
+        let visible = s.p0 + (i - s.rows.start) + 1;
+        let at = (i * num_heads + kh * group) * hd;
+        row_head_online(
+            &k,
+            &views[j][kh],
+            visible,
+            &q[at..at + group * hd],
+            group,
+            hd,
+            o,
+        );
+    });
+}
+
 /// Attention of `n` query rows where row `i` sees positions `0..visible(i)` of `layer`
 /// (at least 1, at most `layer.len()`): the causal pass of [`attention_split`] is
 /// `visible(i) = p0 + i + 1`; a DFlash draft block, whose rows all see the whole block,
@@ -307,24 +431,7 @@ pub fn attention_visible(
         Split::Auto | Split::Rows => {
             crate::team::for_each_chunk(out, group * hd, |idx, o| {
                 let (i, kh) = (idx / kvh, idx % kvh);
-                let visible = visible(i);
-                let mut state = vec![0f32; group * pl];
-                let mut part = vec![0f32; group * pl];
-                for b in 0..visible.div_ceil(BLOCK) {
-                    let dst = if b == 0 { &mut state } else { &mut part };
-                    let vis = (visible - b * BLOCK).min(BLOCK);
-                    // SAFETY: `kernels` chose variants the detected `isa` allows.
-                    unsafe { (k.block)(&views[kh], b, vis, qs(i, kh), group, dst) };
-                    if b > 0 {
-                        for (s, p) in state.chunks_exact_mut(pl).zip(part.chunks_exact(pl)) {
-                            // SAFETY: as above.
-                            unsafe { (k.combine)(s, p) };
-                        }
-                    }
-                }
-                for (s, o) in state.chunks_exact(pl).zip(o.chunks_exact_mut(hd)) {
-                    finish(s, o);
-                }
+                row_head_online(&k, &views[kh], visible(i), qs(i, kh), group, hd, o);
             });
         }
         Split::Blocks { per } => {

@@ -29,6 +29,10 @@ pub struct Gauges {
     pub sessions: usize,
     /// Whether the model is loaded.
     pub ready: bool,
+    /// The shared passes' counters (`None` when sessions run their own passes).
+    pub batch: Option<onebit_engine::BatchStats>,
+    /// Sessions generating in the shared passes now.
+    pub batch_members: usize,
 }
 
 impl Metrics {
@@ -99,7 +103,7 @@ impl Metrics {
                 counter.load(Ordering::Relaxed)
             );
         }
-        let gauges = [
+        let levels = [
             (
                 "onebit_queue_depth",
                 "Requests waiting for a free session.",
@@ -121,11 +125,42 @@ impl Metrics {
                 usize::from(gauges.ready),
             ),
         ];
-        for (name, help, value) in gauges {
+        for (name, help, value) in levels {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
+        }
+        if let Some(batch) = gauges.batch {
+            let name = "onebit_shared_pass_members";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Sessions whose next rows the shared passes wait for.\n# TYPE {name} gauge\n{name} {}",
+                gauges.batch_members
+            );
+            let shared = [
+                (
+                    "onebit_shared_passes_total",
+                    "Passes run for the generating sessions together.",
+                    batch.passes,
+                ),
+                (
+                    "onebit_shared_pass_sessions_total",
+                    "Sessions in those passes (over passes: sessions per pass).",
+                    batch.parts,
+                ),
+                (
+                    "onebit_shared_pass_rows_total",
+                    "Rows in those passes (over passes: rows per pass).",
+                    batch.rows,
+                ),
+            ];
+            for (name, help, value) in shared {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+                );
+            }
         }
         out
     }
@@ -155,6 +190,13 @@ mod tests {
             active_sessions: 1,
             sessions: 1,
             ready: true,
+            batch: Some(onebit_engine::BatchStats {
+                passes: 3,
+                parts: 5,
+                rows: 9,
+                widest: 2,
+            }),
+            batch_members: 1,
         });
         for line in [
             "# TYPE onebit_requests_total counter",
@@ -165,6 +207,9 @@ mod tests {
             "# TYPE onebit_queue_depth gauge",
             "onebit_queue_depth 2",
             "onebit_sessions_active 1",
+            "onebit_shared_passes_total 3",
+            "onebit_shared_pass_rows_total 9",
+            "onebit_shared_pass_members 1",
             "onebit_model_loaded 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");

@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Sessions generating at once (each its own KV cache over the one model).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parallel: usize,
+    /// Give each session passes of its own instead of running the generating
+    /// sessions' next rows together in one pass (continuous batching, the default with
+    /// --parallel above 1). Answers are the same either way; for comparisons.
+    #[arg(long)]
+    pub no_shared_passes: bool,
     /// The model's name in the API (default: the package directory's name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -90,6 +95,9 @@ pub struct ServeArgs {
     /// For tests of queueing and cancellation: sleep this long after every token.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_token_delay_ms: u64,
+    /// How long a shared pass waits at most for a generating session busy elsewhere.
+    #[arg(long, hide = true, default_value_t = onebit_engine::DEFAULT_LINGER.as_micros() as u64)]
+    pub debug_pass_linger_us: u64,
     /// For tests of readiness: wait this long before loading the model.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_load_delay_ms: u64,
@@ -239,6 +247,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         None => DrafterConfig::None,
     };
     config.draft_max = args.draft_max;
+    config.share_passes = args.parallel > 1 && !args.no_shared_passes;
+    config.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
     // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`
     // takes any value); without it, chosen in the loader, where config.json is read.
     config.ctx_len = args.ctx_len;
@@ -430,12 +440,16 @@ async fn metrics_route(State(app): State<Arc<App>>) -> Response {
             active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
             sessions: r.parallel,
             ready: true,
+            batch: r.engine.batch_stats(),
+            batch_members: r.engine.batch_members(),
         },
         None => metrics::Gauges {
             queue_depth: 0,
             active_sessions: 0,
             sessions: 0,
             ready: false,
+            batch: None,
+            batch_members: 0,
         },
     };
     (
