@@ -2039,13 +2039,19 @@ fn shared_passes_answer_as_alone() {
                 json!({"prompt": [1, 40, 50, 60], "max_tokens": 60, "temperature": 0, "ignore_eos": true}),
             ),
             ("/v1/chat/completions", seeded),
+            // Log-probabilities (the prompt's too, run in full-logit passes) and the
+            // penalties are the same in shared passes.
+            (
+                "/v1/completions",
+                json!({"prompt": [1, 40, 50, 60, 70, 80, 90, 100], "max_tokens": 20, "temperature": 0.8, "seed": 7, "ignore_eos": true, "echo": true, "logprobs": 3, "repeat_penalty": 1.5, "presence_penalty": 0.5, "top_k": 20}),
+            ),
             // Started 150 ms after the others: joins their passes mid-stream.
             ("/v1/chat/completions", chat("The late one asks", 30)),
         ];
         let answer = |v: &Value| -> Value {
             match &v["choices"][0] {
-                c if c["message"].is_object() => c["message"].clone(),
-                c => c["text"].clone(),
+                c if c["message"].is_object() => json!([c["message"], c["logprobs"]]),
+                c => json!([c["text"], c["logprobs"]]),
             }
         };
         let alone: Vec<Value> = requests
@@ -2076,7 +2082,7 @@ fn shared_passes_answer_as_alone() {
             .map(|(i, (path, body))| {
                 let s = s.clone();
                 std::thread::spawn(move || {
-                    if i == 3 {
+                    if i == 4 {
                         std::thread::sleep(Duration::from_millis(150));
                     }
                     let (st, v) = s.post(path, &body);
