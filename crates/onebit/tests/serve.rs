@@ -826,6 +826,31 @@ try:
     raise SystemExit("no error for an unknown model")
 except openai.NotFoundError as e:
     assert "does not exist" in str(e), e
+# Logprobs through the SDK's types: chat (whole and streamed) and completions' echo.
+r = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=8, logprobs=True,
+    top_logprobs=3, messages=[{"role": "user", "content": "What is the capital of France?"}])
+content = r.choices[0].logprobs.content
+assert len(content) == r.usage.completion_tokens, content
+assert content[0].top_logprobs[0].token == content[0].token and content[0].logprob <= 0, content[0]
+assert bytes(content[0].bytes).decode("utf-8", "replace") == content[0].token
+streamed = []
+for chunk in client.chat.completions.create(model="smollm2", temperature=0, max_tokens=8, logprobs=True,
+        top_logprobs=3, stream=True, messages=[{"role": "user", "content": "What is the capital of France?"}]):
+    if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+        streamed.extend(chunk.choices[0].logprobs.content)
+assert [e.logprob for e in streamed] == [e.logprob for e in content]
+c = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=1,
+    echo=True, logprobs=1, temperature=0)
+lp = c.choices[0].logprobs
+assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+assert all(v <= 0 for v in lp.token_logprobs[1:]), lp
+assert c.choices[0].text.startswith("The capital of France is") or "capital" in c.choices[0].text, c
+# Penalties and the extension fields.
+p = client.chat.completions.create(model="smollm2", max_tokens=8, seed=3, temperature=0.7,
+    presence_penalty=0.5, frequency_penalty=0.5,
+    extra_body={"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1},
+    messages=[{"role": "user", "content": "What is the capital of France?"}])
+assert p.choices[0].message.content is not None
 print("ok", whole)
 "#;
     let out = Command::new(&python)
