@@ -201,6 +201,63 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // mtp's accept rules (verify.rs): each rule, the residual draw, and the penalty
+    // state the target distribution is computed under. The distribution tests compare
+    // every arm, on its own seeds, with the analytic law of a toy target.
+    Mutant {
+        name: "penalty-applied-after-verification",
+        file: "crates/mtp/src/verify.rs",
+        find: "    let saved = sampler.penalty_state();\n",
+        replace: "    let saved = sampler.penalty_state();\n    sampler.restore_penalty_state(Default::default());\n",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "verify-penalty-state-skips-accepted-drafts",
+        file: "crates/mtp/src/verify.rs",
+        find: "        sampler.accept(d);\n    }\n",
+        replace: "    }\n",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "verify-greedy-accepts-the-wrong-token",
+        file: "crates/mtp/src/verify.rs",
+        find: "sampler.pick(row(a)) == drafts[a]",
+        replace: "sampler.pick(row(a + 1)) == drafts[a]",
+        tests: &["-p", "mtp", "--test", "sampling", "--test", "lookup"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "verify-accept-ratio-q-over-p",
+        file: "crates/mtp/src/verify.rs",
+        find: "(pd / qd).min(1.0)",
+        replace: "(qd / pd).min(1.0)",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "verify-residual-not-normalized",
+        file: "crates/mtp/src/verify.rs",
+        find: "residual.iter_mut().for_each(|v| *v /= total);",
+        replace: "residual.iter_mut().for_each(|v| *v /= 1.0);",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "verify-residual-draws-from-p",
+        file: "crates/mtp/src/verify.rs",
+        find: "return (i, sampler.draw(&residual) as u32);",
+        replace: "return (i, sampler.draw(&p) as u32);",
+        tests: &["-p", "mtp", "--test", "sampling"],
+        also: None,
+        requires: &[],
+    },
     // The upstream DFlashHead table.
     Mutant {
         name: "dflash-head-no-trim-after-verify",

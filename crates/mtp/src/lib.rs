@@ -31,6 +31,7 @@ mod chain;
 mod dflash;
 mod head;
 mod hooks;
+mod logprob;
 mod lookup;
 mod oracle;
 mod run;
@@ -46,8 +47,11 @@ pub use chain::{ChainedHead, PROBE_EVERY};
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
 pub use hooks::PackageHooks;
+pub use logprob::{log_softmax, token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK};
-pub use sample::{Sampler, SamplingConfig, SamplingError};
+pub use run::{
+    run, run_from, run_observed, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK,
+};
+pub use sample::{PenaltyState, Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

@@ -176,6 +176,7 @@ fn upstream_checks<'p, T: Forward>(
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
+            ..SamplingConfig::default()
         },
     };
 

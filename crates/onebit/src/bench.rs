@@ -578,6 +578,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                             temperature: 0.0,
                             top_p: 1.0,
                             seed: 0,
+                            ..mtp::SamplingConfig::default()
                         },
                         adaptive: None,
                     };
