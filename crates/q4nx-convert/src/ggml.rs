@@ -267,7 +267,10 @@ mod tests {
         b[4..8].copy_from_slice(&(1u32 << 3).to_le_bytes());
         b[8 + 3] = 7 | (2 << 4);
         let v = dequantize(GgmlType::Q5_1, &b).unwrap();
-        assert_eq!((v[3], v[19], v[0]), (0.5 * 23.0 - 3.0, 0.5 * 2.0 - 3.0, -3.0));
+        assert_eq!(
+            (v[3], v[19], v[0]),
+            (0.5 * 23.0 - 3.0, 0.5 * 2.0 - 3.0, -3.0)
+        );
         // Q6_K: d = 1, scale 0 = 2, element 0: ql low nibble 5, qh bits 0 = 1 -> q = 21 - 32.
         let mut b = vec![0u8; 210];
         b[0] = 5;

@@ -49,7 +49,9 @@ use q4nx_format::{
 #[non_exhaustive]
 pub enum ConvertError {
     /// Architecture '`arch`' is not supported (supported: llama, qwen3, gemma3).
-    #[error("convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3, gemma3)")]
+    #[error(
+        "convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3, gemma3)"
+    )]
     UnsupportedArchitecture {
         /// The file (or a label for bytes in memory).
         path: String,
@@ -623,11 +625,11 @@ impl<'a> GgufConverter<'a> {
         if self.family == Family::Gemma3 {
             // An instruction-tuned Gemma ends its turn with `<end_of_turn>`, which its
             // generation config lists beside EOS; the GGUF names only EOS.
-            let end_of_turn = tokens.and_then(|t| {
-                t.iter()
-                    .position(|v| v.as_str() == Some("<end_of_turn>"))
-            });
-            if let (Some(turn), Some(eos)) = (end_of_turn, obj.get("eos_token_id").and_then(Value::as_u64)) {
+            let end_of_turn =
+                tokens.and_then(|t| t.iter().position(|v| v.as_str() == Some("<end_of_turn>")));
+            if let (Some(turn), Some(eos)) =
+                (end_of_turn, obj.get("eos_token_id").and_then(Value::as_u64))
+            {
                 if turn as u64 != eos {
                     obj.insert("eos_token_id".into(), json!([eos, turn]));
                 }
@@ -780,7 +782,9 @@ mod tests {
         assert!(name("blk.0.post_ffw_norm.weight").is_some());
         assert!(map_name(Family::Llama, "blk.0.post_ffw_norm.weight").is_none());
         assert_eq!(
-            map_name(Family::Llama, "blk.0.ffn_norm.weight").map(|(hf, _)| hf).as_deref(),
+            map_name(Family::Llama, "blk.0.ffn_norm.weight")
+                .map(|(hf, _)| hf)
+                .as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
     }
