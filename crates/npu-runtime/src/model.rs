@@ -189,11 +189,35 @@ impl TargetConfig {
                 format!("{head_dim} is odd; rope needs an even head dimension"),
             ));
         }
+        // transformers 5 writes `rope_parameters`, per layer type where layers differ
+        // (Gemma 3: `full_attention` is the global base).
+        let rope_parameters = v.get("rope_parameters");
         let rope_theta = v
             .get("rope_theta")
-            .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")))
+            .or_else(|| rope_parameters.and_then(|r| r.get("rope_theta")))
+            .or_else(|| {
+                rope_parameters
+                    .and_then(|r| r.get("full_attention"))
+                    .and_then(|r| r.get("rope_theta"))
+            })
             .and_then(Value::as_f64)
             .unwrap_or(10000.0);
+        if let Some(Value::Object(params)) = rope_parameters {
+            // The rope types of the layer types (or of the one entry): only plain rope.
+            for (key, entry) in params {
+                let kind = match entry {
+                    Value::Object(_) => entry.get("rope_type").and_then(Value::as_str),
+                    _ if key == "rope_type" => entry.as_str(),
+                    _ => continue,
+                };
+                if let Some(kind) = kind.filter(|k| *k != "default") {
+                    return Err(bad(
+                        "rope_parameters",
+                        format!("rope type '{kind}' is not supported yet"),
+                    ));
+                }
+            }
+        }
         let rms_eps = v
             .get("rms_norm_eps")
             .and_then(Value::as_f64)
@@ -309,8 +333,18 @@ fn gemma3_variant(
             .as_u64()
             .filter(|&w| w > 0 && w <= 1 << 24)
             .map(|w| w as usize)
-            .ok_or_else(|| bad("sliding_window", format!("is {w}, not a positive integer up to 2^24")))?,
-        None => return Err(bad("sliding_window", "is missing (Gemma 3 needs its window)".into())),
+            .ok_or_else(|| {
+                bad(
+                    "sliding_window",
+                    format!("is {w}, not a positive integer up to 2^24"),
+                )
+            })?,
+        None => {
+            return Err(bad(
+                "sliding_window",
+                "is missing (Gemma 3 needs its window)".into(),
+            ))
+        }
     };
     let sliding_layers: Vec<bool> = match (v.get("layer_types"), v.get("sliding_window_pattern")) {
         (Some(types), _) => {
@@ -336,10 +370,12 @@ fn gemma3_variant(
                 .collect::<Result<_>>()?
         }
         (None, Some(p)) => {
-            let p = p
-                .as_u64()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| bad("sliding_window_pattern", format!("is {p}, not a positive integer")))?;
+            let p = p.as_u64().filter(|&p| p > 0).ok_or_else(|| {
+                bad(
+                    "sliding_window_pattern",
+                    format!("is {p}, not a positive integer"),
+                )
+            })?;
             (0..num_layers as u64).map(|i| (i + 1) % p != 0).collect()
         }
         (None, None) => {
@@ -370,12 +406,22 @@ fn gemma3_variant(
             ))
         }
     }
-    let local = match v.get("rope_local_base_freq") {
+    let local_key = v.get("rope_local_base_freq").or_else(|| {
+        v.get("rope_parameters")
+            .and_then(|r| r.get("sliding_attention"))
+            .and_then(|r| r.get("rope_theta"))
+    });
+    let local = match local_key {
         None => 10000.0,
         Some(b) => b
             .as_f64()
             .filter(|b| b.is_finite() && *b > 0.0)
-            .ok_or_else(|| bad("rope_local_base_freq", format!("is {b}, not a positive number")))?,
+            .ok_or_else(|| {
+                bad(
+                    "rope_local_base_freq",
+                    format!("is {b}, not a positive number"),
+                )
+            })?,
     };
     let attention_scale = match v.get("query_pre_attn_scalar") {
         None => None,
@@ -383,7 +429,12 @@ fn gemma3_variant(
             let s = s
                 .as_f64()
                 .filter(|s| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| bad("query_pre_attn_scalar", format!("is {s}, not a positive number")))?;
+                .ok_or_else(|| {
+                    bad(
+                        "query_pre_attn_scalar",
+                        format!("is {s}, not a positive number"),
+                    )
+                })?;
             // transformers: `scaling = query_pre_attn_scalar ** -0.5` (a Python float),
             // used in f32.
             Some(s.powf(-0.5) as f32)
