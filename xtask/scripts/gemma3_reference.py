@@ -106,10 +106,13 @@ state = {}
 for name, p in model.named_parameters():
     shape = tuple(p.shape)
     if name == "model.embed_tokens.weight":
-        v = bf16(rng.normal(0, 0.6, shape))
+        v = bf16(rng.normal(0, 0.15, shape))
+    elif "post_" in name and name.endswith("layernorm.weight"):
+        # Gemma's gains are w in (1 + w). Large post-norm gains let the layers outweigh
+        # the scaled input embedding, which a random tied model otherwise just repeats.
+        v = bf16(rng.normal(3.0, 1.0, shape))
     elif name.endswith("norm.weight"):
-        # Gemma's gains are w in (1 + w): some near -1, most around 0, a few large.
-        v = bf16(rng.normal(0.1, 0.5, shape))
+        v = bf16(rng.normal(0.0, 0.3, shape))
     elif len(shape) == 2:
         spread = 1.0 / np.sqrt(shape[1]) * 3
         v = q4_exact(shape[0], shape[1], spread)
