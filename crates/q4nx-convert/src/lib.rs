@@ -19,6 +19,11 @@
 //! - Llama q/k rows are un-permuted from ggml's rope order per head
 //!   (`(g p q) -> (g q p)` with `p = rope_dim / 2`, `q = 2`); Qwen3 needs none.
 //!
+//! Gemma 3 (no FastFlowLM reference output to match here): transformers' names, the
+//! norm gains stored as transformers' `w` (the GGUF holds llama.cpp's `1 + w`), every
+//! non-Q4 projection re-quantized (reported), the sliding-window geometry and Gemma's
+//! published chat template in the config (see `docs/formats.md`).
+//!
 //! Two deliberate departures, reported in [`ConvertReport::differences`]: Q8_0 tensors are
 //! re-quantized like every other non-Q4 type (the reference packs their int8 values
 //! as if they were 4-bit codes), and 2-D float projections become tiles (the reference
