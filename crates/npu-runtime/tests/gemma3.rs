@@ -257,3 +257,58 @@ fn real_gemma3_greedy_f32_and_default_agree() {
     let distinct: std::collections::BTreeSet<_> = f32_tokens.iter().collect();
     assert!(distinct.len() > 5, "{f32_tokens:?}");
 }
+
+/// Sessions sharing passes (`PassBatcher`) get exactly their lone logits on Gemma too:
+/// the sliding-window layers' attention runs per session inside the shared region.
+/// Three sessions at different depths (past the window of 4 and not), prefill in
+/// chunks, then greedy steps.
+#[test]
+fn tiny_gemma3_shared_passes_equal_lone_sessions() {
+    use npu_runtime::{CpuModel, PassBatcher};
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let package = convert(dir.path());
+    let model = CpuModel::load(package, CpuOptions::default()).unwrap();
+    let v = model.config().vocab_size;
+    let script = move |target: &mut CpuTarget, s: usize| -> Vec<f32> {
+        let prompt: Vec<u32> = (0..3 + 7 * s as u32).map(|i| (i * 31 + 5) % 256).collect();
+        let mut seen = Vec::new();
+        let mut last = Vec::new();
+        for chunk in prompt.chunks(5) {
+            last = target.forward_last(chunk).unwrap();
+            seen.extend_from_slice(&last);
+        }
+        for _ in 0..12 {
+            last = target
+                .forward(&[argmax(&last[last.len() - v..]) as u32])
+                .unwrap();
+            seen.extend_from_slice(&last);
+        }
+        seen
+    };
+    let alone: Vec<Vec<f32>> = (0..3).map(|s| script(&mut model.session(), s)).collect();
+    let batcher = PassBatcher::new(model.clone(), Duration::from_secs(3600));
+    let (done, finished) = mpsc::channel();
+    let members: Vec<_> = (0..3).map(|_| batcher.member()).collect();
+    for (s, member) in members.into_iter().enumerate() {
+        let (model, batcher, done) = (model.clone(), batcher.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut target = model.session();
+            target.join(batcher).unwrap();
+            let out = script(&mut target, s);
+            drop(member);
+            done.send((s, out)).unwrap();
+        });
+    }
+    for _ in 0..3 {
+        let (s, out) = finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("shared passes wedged");
+        assert!(
+            out == alone[s],
+            "session {s}'s logits differ in shared passes"
+        );
+    }
+    assert!(batcher.stats().widest > 1, "{:?}", batcher.stats());
+}
