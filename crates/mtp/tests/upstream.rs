@@ -445,6 +445,7 @@ fn upstream_checks_on_the_toy_base() {
         eos_token_ids: Vec::new(),
         chat_template: None,
         lm_head_requantized: false,
+        variant: Default::default(),
     };
     upstream_checks(
         "toy base",

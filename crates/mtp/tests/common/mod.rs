@@ -25,6 +25,7 @@ pub fn toy_config(vocab_size: usize) -> Arc<TargetConfig> {
         eos_token_ids: vec![],
         chat_template: None,
         lm_head_requantized: false,
+        variant: Default::default(),
     })
 }
 
