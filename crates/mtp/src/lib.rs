@@ -16,7 +16,8 @@
 //! end every round holding exactly the committed positions. [`DFlashHead`] runs a
 //! DFlash draft as a head over `DraftHooks` (the engine's `PackageHooks` give it the
 //! target's embedding and head; this crate names no backend).
-//! [`LookupHead`] drafts by prompt lookup (no model).
+//! [`LookupHead`] drafts by prompt lookup (no model); [`ChainedHead`] takes each round
+//! from lookup or a DFlash draft, whichever has been accepting more.
 //!
 //! The draft length adapts by default ([`RunOptions::adaptive`]): before each round
 //! [`AdaptiveK`] picks the k (0 = a plain step) with the most expected tokens per
@@ -27,8 +28,10 @@
 #![warn(missing_docs)]
 
 mod adaptive;
+mod chain;
 mod dflash;
 mod head;
+mod logprob;
 mod lookup;
 mod oracle;
 mod run;
@@ -40,10 +43,14 @@ pub use adaptive::{
     best_k, calibrate, expected_accepted, warmed_up, AcceptanceEstimate, AdaptiveConfig, AdaptiveK,
     Choice, PassCosts, CALIBRATION_ROUNDS, WARM_UP_GAIN, WARM_UP_MAX_PASSES, WARM_UP_SETTLED,
 };
+pub use chain::{ChainedHead, PROBE_EVERY};
 pub use dflash::DFlashHead;
 pub use head::DraftHead;
+pub use logprob::{log_softmax, token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use lookup::{LookupHead, DEFAULT_MAX_NGRAM};
 pub use oracle::{OracleHead, OracleRule};
-pub use run::{run, run_from, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK};
-pub use sample::{Sampler, SamplingConfig, SamplingError};
+pub use run::{
+    run, run_from, run_observed, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK,
+};
+pub use sample::{PenaltyState, Sampler, SamplingConfig, SamplingError};
 pub use stats::Stats;

@@ -7,6 +7,7 @@ use npu_runtime::{Forward, TargetError};
 
 use crate::adaptive::{AdaptiveConfig, AdaptiveK, Choice, MAX_TRACKED_ROWS};
 use crate::head::DraftHead;
+use crate::logprob::{token_logprob, TokenLogprob};
 use crate::sample::{Sampler, SamplingConfig, SamplingError};
 use crate::stats::Stats;
 
@@ -109,7 +110,9 @@ pub fn run(
     if prompt.is_empty() {
         return Err(RunError::EmptyPrompt);
     }
-    generate(base, head, prompt, prompt, options, on_token)
+    generate(base, head, prompt, prompt, options, None, &mut |t, _| {
+        on_token(t)
+    })
 }
 
 /// [`run`] for a target that already holds the first `cached` positions of `prompt`
@@ -134,7 +137,50 @@ pub fn run_from(
             prompt: prompt.len(),
         });
     }
-    generate(base, head, prompt, &prompt[cached..], options, on_token)
+    generate(
+        base,
+        head,
+        prompt,
+        &prompt[cached..],
+        options,
+        None,
+        &mut |t, _| on_token(t),
+    )
+}
+
+/// [`run_from`] reporting, with every emitted token, its [`TokenLogprob`] when
+/// `logprobs` is `Some(n)` (the target's log-softmax of the logits the token was picked
+/// from, with the `n` most likely alternatives, at most [`crate::MAX_TOP_LOGPROBS`]). A drafted
+/// token's row is the verify pass's row, which equals a plain step's bit for bit (every
+/// kernel is batch-invariant), so the values are the same with or without a drafter.
+pub fn run_observed(
+    base: &mut dyn Forward,
+    head: Option<&mut dyn DraftHead>,
+    prompt: &[u32],
+    cached: usize,
+    options: &RunOptions,
+    logprobs: Option<usize>,
+    on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> bool,
+) -> Result<RunOutput, RunError> {
+    if prompt.is_empty() {
+        return Err(RunError::EmptyPrompt);
+    }
+    if cached >= prompt.len() || base.position() != cached {
+        return Err(RunError::Cached {
+            cached,
+            position: base.position(),
+            prompt: prompt.len(),
+        });
+    }
+    generate(
+        base,
+        head,
+        prompt,
+        &prompt[cached..],
+        options,
+        logprobs,
+        on_token,
+    )
 }
 
 /// The loop: `prompt` is the whole committed stream's start, `fresh` its tail the
@@ -145,10 +191,15 @@ fn generate(
     prompt: &[u32],
     fresh: &[u32],
     options: &RunOptions,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    logprobs: Option<usize>,
+    on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> bool,
 ) -> Result<RunOutput, RunError> {
     let vocab = base.config().vocab_size;
     let mut sampler = Sampler::new(options.sampling)?;
+    // The repeat penalty's window starts in the prompt (llama.cpp's rule).
+    sampler.observe_prompt(prompt);
+    // The log-probabilities of a token picked from `logits`, when asked for.
+    let scored = |logits: &[f32], t: u32| logprobs.map(|n| token_logprob(logits, t, n));
     let mut stats = Stats::default();
     let mut tokens = Vec::new();
     if let Some(h) = head.as_deref_mut() {
@@ -172,22 +223,26 @@ fn generate(
     stats.target_seconds += t0.elapsed().as_secs_f64();
     let s0 = Instant::now();
     let mut next = sampler.pick(row(&logits, vocab, 0));
+    let mut next_lp = scored(row(&logits, vocab, 0), next);
     stats.sampling_seconds += s0.elapsed().as_secs_f64();
 
     // `next` is committed but not yet run through the target; it sits at `position()`.
     let emit = |t: u32,
+                lp: Option<TokenLogprob>,
                 tokens: &mut Vec<u32>,
+                sampler: &mut Sampler,
                 head: &mut Option<&mut dyn DraftHead>,
-                on_token: &mut dyn FnMut(u32) -> bool|
+                on_token: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> bool|
      -> Option<StopReason> {
         if options.stop_tokens.contains(&t) {
             return Some(StopReason::StopToken);
         }
         tokens.push(t);
+        sampler.accept(t);
         if let Some(h) = head.as_deref_mut() {
             h.observe_tokens(&[t]);
         }
-        if !on_token(t) {
+        if !on_token(t, lp.as_ref()) {
             return Some(StopReason::Callback);
         }
         if tokens.len() >= options.max_tokens {
@@ -203,7 +258,14 @@ fn generate(
         });
     }
     loop {
-        if let Some(stop) = emit(next, &mut tokens, &mut head, on_token) {
+        if let Some(stop) = emit(
+            next,
+            next_lp.take(),
+            &mut tokens,
+            &mut sampler,
+            &mut head,
+            on_token,
+        ) {
             return Ok(RunOutput {
                 tokens,
                 stop,
@@ -242,8 +304,16 @@ fn generate(
             }
             let s = Instant::now();
             let following = sampler.pick(&l);
+            let following_lp = scored(&l, following);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
-            if let Some(stop) = emit(following, &mut tokens, &mut head, on_token) {
+            if let Some(stop) = emit(
+                following,
+                following_lp,
+                &mut tokens,
+                &mut sampler,
+                &mut head,
+                on_token,
+            ) {
                 return Ok(RunOutput {
                     tokens,
                     stop,
@@ -291,6 +361,7 @@ fn generate(
             stats.pass_costs.record(1, secs);
             let s = Instant::now();
             next = sampler.pick(&l);
+            next_lp = scored(&l, next);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
             stats.plain_steps += 1;
             if let Some(p) = policy.as_mut() {
@@ -333,8 +404,9 @@ fn generate(
         if let Some(p) = policy.as_mut() {
             p.record_round(drafts.len(), accepted);
         }
-        for &d in &drafts[..accepted] {
-            if let Some(stop) = emit(d, &mut tokens, &mut head, on_token) {
+        for (i, &d) in drafts[..accepted].iter().enumerate() {
+            let lp = scored(row(&logits, vocab, i), d);
+            if let Some(stop) = emit(d, lp, &mut tokens, &mut sampler, &mut head, on_token) {
                 // Positions past the stop are not part of the committed stream.
                 return Ok(RunOutput {
                     tokens,
@@ -344,5 +416,6 @@ fn generate(
             }
         }
         next = following;
+        next_lp = scored(row(&logits, vocab, accepted), following);
     }
 }

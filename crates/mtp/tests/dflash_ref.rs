@@ -62,6 +62,7 @@ fn reference_trace_through_the_mtp_loop() {
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
+            ..SamplingConfig::default()
         },
     };
     let out = run(

@@ -43,6 +43,7 @@ fn options(k: usize) -> RunOptions {
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
+            ..SamplingConfig::default()
         },
         adaptive: None,
     }

@@ -179,6 +179,7 @@ fn upstream_checks<'p, T: Forward>(
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
+            ..SamplingConfig::default()
         },
     };
 
@@ -447,6 +448,7 @@ fn upstream_checks_on_the_toy_base() {
         eos_token_ids: Vec::new(),
         chat_template: None,
         lm_head_requantized: false,
+        variant: Default::default(),
     };
     upstream_checks(
         "toy base",

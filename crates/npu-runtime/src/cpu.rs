@@ -54,6 +54,14 @@ impl Q8Projector {
     }
 }
 
+/// The MLP's gated activation in place into `gate`: SwiGLU, or Gemma's GeGLU.
+fn gated(cfg: &TargetConfig, gate: &mut [f32], up: &[f32]) {
+    match cfg.variant.activation {
+        crate::model::Activation::Silu => kernels::swiglu(gate, up),
+        crate::model::Activation::GeluTanh => kernels::geglu(gate, up),
+    }
+}
+
 /// The first `width` values of each of `n` rows of `stride` values: `y` itself when the
 /// rows are exactly that wide (a head whose vocabulary fills its last block), else a copy.
 fn leading_columns(y: Vec<f32>, n: usize, stride: usize, width: usize) -> Vec<f32> {
@@ -414,6 +422,10 @@ pub(crate) struct SessionState {
     /// Rope cos/sin per position (`[pos][head_dim / 2]`), grown on demand.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// The same at the sliding-window layers' own base (`rope_local_base_freq`; empty
+    /// for a model without one).
+    rope_local_cos: Vec<f32>,
+    rope_local_sin: Vec<f32>,
     /// The stages' times of the passes since profiling was turned on (boxed: a session
     /// that never profiles carries a pointer, not the table).
     profile: Option<Box<PassProfile>>,
@@ -427,6 +439,8 @@ impl SessionState {
             last_hidden: Vec::new(),
             rope_cos: Vec::new(),
             rope_sin: Vec::new(),
+            rope_local_cos: Vec::new(),
+            rope_local_sin: Vec::new(),
             profile: None,
         }
     }
@@ -444,6 +458,20 @@ impl SessionState {
             let (c, s) = kernels::rope_table(cfg.rope_theta, cfg.head_dim, p);
             self.rope_cos.extend(c);
             self.rope_sin.extend(s);
+            if let Some(local) = cfg.variant.rope_local_theta {
+                let (c, s) = kernels::rope_table(local, cfg.head_dim, p);
+                self.rope_local_cos.extend(c);
+                self.rope_local_sin.extend(s);
+            }
+        }
+    }
+
+    /// The rope tables of layer `l` (cos, sin): the local base's on a sliding-window
+    /// layer of a model that has one.
+    fn rope_of(&self, cfg: &TargetConfig, l: usize) -> (&[f32], &[f32]) {
+        match cfg.window_of(l).is_some() && cfg.variant.rope_local_theta.is_some() {
+            true => (&self.rope_local_cos, &self.rope_local_sin),
+            false => (&self.rope_cos, &self.rope_sin),
         }
     }
 }
@@ -533,7 +561,7 @@ impl CpuModel {
         let cfg = &self.config;
         let n = placed.last().map_or(0, |p| p.rows.end);
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_eps);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = cfg.attention_scale();
         let last = cfg.num_layers - 1;
         // The layers any part taps (the residual stream after them is kept for it).
         let mut tapped = vec![false; cfg.num_layers];
@@ -593,6 +621,7 @@ impl CpuModel {
                     &mut k[rows.start * kvd..rows.end * kvd],
                 );
                 let rope = clock.start(Stage::Rope);
+                let (cos, sin) = state.rope_of(cfg, l);
                 kernels::norm_and_rope(
                     q,
                     cfg.num_heads,
@@ -600,8 +629,8 @@ impl CpuModel {
                     layer.q_norm.as_deref(),
                     eps,
                     placed.p0,
-                    &state.rope_cos,
-                    &state.rope_sin,
+                    cos,
+                    sin,
                 );
                 kernels::norm_and_rope(
                     k,
@@ -610,8 +639,8 @@ impl CpuModel {
                     layer.k_norm.as_deref(),
                     eps,
                     placed.p0,
-                    &state.rope_cos,
-                    &state.rope_sin,
+                    cos,
+                    sin,
                 );
                 clock.stop(rope);
                 let v = &v[rows.start * kvd..rows.end * kvd];
@@ -626,6 +655,8 @@ impl CpuModel {
                     layer: parts[p.part].state.cache.layer(l),
                     rows: p.rows.clone(),
                     p0: p.p0,
+                    // A sliding-window layer's rows see only the last `window` positions.
+                    window: cfg.window_of(l),
                 })
                 .collect();
             let mut attn = vec![0f32; n * qd];
@@ -653,6 +684,17 @@ impl CpuModel {
                     &projected_o
                 }
             };
+            let o_normed;
+            let o: &[f32] = match &layer.post_attn_norm {
+                // Gemma norms the attention output before adding it to the residual.
+                Some(g) => {
+                    let mut y = vec![0f32; n * h];
+                    clock.time(Stage::Norms, || kernels::rms_norm(o, g, eps, &mut y));
+                    o_normed = y;
+                    &o_normed
+                }
+                None => o,
+            };
             clock.time(Stage::Residual, || {
                 for (xv, ov) in x.iter_mut().zip(o) {
                     *xv += ov;
@@ -669,7 +711,7 @@ impl CpuModel {
                     let gate = clock.time(Stage::Activation, || {
                         let mut gate = gather(y, n, s, p.gate_up.part(0));
                         let up = gather(y, n, s, p.gate_up.part(1));
-                        kernels::swiglu(&mut gate, &up);
+                        gated(cfg, &mut gate, &up);
                         gate
                     });
                     debug_assert_eq!(p.down.stride(), h);
@@ -682,11 +724,22 @@ impl CpuModel {
                             self.project(&layer.up, &normed, n),
                         )
                     });
-                    clock.time(Stage::Activation, || kernels::swiglu(&mut gate, &up));
+                    clock.time(Stage::Activation, || gated(cfg, &mut gate, &up));
                     projected_down =
                         clock.time(Stage::Projections, || self.project(&layer.down, &gate, n));
                     &projected_down
                 }
+            };
+            let down_normed;
+            let down: &[f32] = match &layer.post_ffn_norm {
+                // Gemma norms the MLP output before adding it to the residual.
+                Some(g) => {
+                    let mut y = vec![0f32; n * h];
+                    clock.time(Stage::Norms, || kernels::rms_norm(down, g, eps, &mut y));
+                    down_normed = y;
+                    &down_normed
+                }
+                None => down,
             };
             clock.time(Stage::Residual, || {
                 for (xv, dv) in x.iter_mut().zip(down) {

@@ -43,7 +43,8 @@ pub use error::{Result, TargetError};
 pub use forward::{Forward, TapRows, TapSink};
 pub use kernels::kv::KvType;
 pub use model::{
-    Family, HeadKind, LayerWeights, Precision, TargetConfig, TargetPackage, TargetWeights,
+    Activation, ArchVariant, Family, HeadKind, LayerWeights, Precision, TargetConfig,
+    TargetPackage, TargetWeights,
 };
 
 /// Index of the largest number (the first one on ties; NaN is never the largest), or 0

@@ -14,6 +14,57 @@ pub enum Family {
     Llama,
     /// Qwen3: per-head RMSNorm on q and k before rope.
     Qwen3,
+    /// Gemma 3 (text, `gemma3_text`): QK-norm, four norms per layer with `(1 + w)`
+    /// gains, GeGLU (tanh GELU), the embedding scaled by √hidden, interleaved
+    /// sliding-window and global layers with their own rope bases.
+    Gemma3,
+}
+
+/// The MLP's activation of the gate projection (times the up projection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (`silu`): SwiGLU, Llama's and Qwen3's.
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU, Gemma's.
+    GeluTanh,
+}
+
+/// What sets a family's forward apart from Llama's, read from the config. The default is
+/// Llama's (and Qwen3's): no window, one rope base, `1/√head_dim`, no embedding scale,
+/// plain gains, SiLU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArchVariant {
+    /// Positions a sliding-window layer sees (itself and the `w - 1` before it).
+    pub sliding_window: Option<usize>,
+    /// Per layer, whether it attends through the window (empty: no layer does).
+    pub sliding_layers: Vec<bool>,
+    /// The rope base of the sliding-window layers (`rope_local_base_freq`); the global
+    /// layers use `rope_theta`.
+    pub rope_local_theta: Option<f64>,
+    /// The attention score scale (`query_pre_attn_scalar^-0.5`; `head_dim^-0.5` when
+    /// absent).
+    pub attention_scale: Option<f32>,
+    /// The factor the embedding rows are multiplied by (Gemma: √hidden, as f32).
+    pub embed_scale: Option<f32>,
+    /// RMSNorm gains are stored as `w` and applied as `1 + w` (Gemma); the `+1` is folded
+    /// into the f32 gains at load, which is exactly transformers' `1.0 + w.float()`.
+    pub norm_plus_one: bool,
+    /// The MLP activation.
+    pub activation: Activation,
+}
+
+impl Default for ArchVariant {
+    fn default() -> ArchVariant {
+        ArchVariant {
+            sliding_window: None,
+            sliding_layers: Vec::new(),
+            rope_local_theta: None,
+            attention_scale: None,
+            embed_scale: None,
+            norm_plus_one: false,
+            activation: Activation::Silu,
+        }
+    }
 }
 
 /// The geometry and hyper-parameters of a target model.
@@ -52,6 +103,8 @@ pub struct TargetConfig {
     /// The package's `lm_head.weight` tiles were re-quantized from a higher-precision
     /// tied embedding (`q4nx_lm_head_source: "requantized"`, written by onebit convert).
     pub lm_head_requantized: bool,
+    /// The family's departures from Llama's forward (defaults for Llama and Qwen3).
+    pub variant: ArchVariant,
 }
 
 impl TargetConfig {
@@ -93,10 +146,11 @@ impl TargetConfig {
         let family = match model_type {
             "llama" => Family::Llama,
             "qwen3" => Family::Qwen3,
+            "gemma3_text" => Family::Gemma3,
             other => {
                 return Err(bad(
                     "model_type",
-                    format!("is '{other}'; supported target families are 'llama' and 'qwen3'"),
+                    format!("is '{other}'; supported target families are 'llama', 'qwen3' and 'gemma3_text'"),
                 ))
             }
         };
@@ -135,11 +189,35 @@ impl TargetConfig {
                 format!("{head_dim} is odd; rope needs an even head dimension"),
             ));
         }
+        // transformers 5 writes `rope_parameters`, per layer type where layers differ
+        // (Gemma 3: `full_attention` is the global base).
+        let rope_parameters = v.get("rope_parameters");
         let rope_theta = v
             .get("rope_theta")
-            .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")))
+            .or_else(|| rope_parameters.and_then(|r| r.get("rope_theta")))
+            .or_else(|| {
+                rope_parameters
+                    .and_then(|r| r.get("full_attention"))
+                    .and_then(|r| r.get("rope_theta"))
+            })
             .and_then(Value::as_f64)
             .unwrap_or(10000.0);
+        if let Some(Value::Object(params)) = rope_parameters {
+            // The rope types of the layer types (or of the one entry): only plain rope.
+            for (key, entry) in params {
+                let kind = match entry {
+                    Value::Object(_) => entry.get("rope_type").and_then(Value::as_str),
+                    _ if key == "rope_type" => entry.as_str(),
+                    _ => continue,
+                };
+                if let Some(kind) = kind.filter(|k| *k != "default") {
+                    return Err(bad(
+                        "rope_parameters",
+                        format!("rope type '{kind}' is not supported yet"),
+                    ));
+                }
+            }
+        }
         let rms_eps = v
             .get("rms_norm_eps")
             .and_then(Value::as_f64)
@@ -153,12 +231,30 @@ impl TargetConfig {
                 .collect(),
             _ => Vec::new(),
         };
+        let num_layers = uint("num_hidden_layers")?;
+        let variant = match family {
+            Family::Gemma3 => gemma3_variant(v, num_layers, hidden, &bad)?,
+            Family::Llama | Family::Qwen3 => {
+                for key in ["hidden_act", "hidden_activation"] {
+                    if let Some(act) = v.get(key).filter(|a| !a.is_null()) {
+                        if act.as_str() != Some("silu") {
+                            return Err(bad(
+                                key,
+                                format!("is {act}; a {model_type} model runs SiLU ('silu')"),
+                            ));
+                        }
+                    }
+                }
+                ArchVariant::default()
+            }
+        };
         Ok(TargetConfig {
             family,
+            variant,
             vocab_size: uint("vocab_size")?,
             hidden_size: hidden,
             intermediate_size: uint("intermediate_size")?,
-            num_layers: uint("num_hidden_layers")?,
+            num_layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim,
@@ -186,6 +282,32 @@ impl TargetConfig {
         })
     }
 
+    /// The positions layer `l` sees when it is a sliding-window layer (`None`: every
+    /// position up to its own).
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        match self.variant.sliding_layers.get(layer) {
+            Some(true) => self.variant.sliding_window,
+            _ => None,
+        }
+    }
+
+    /// The rope base of layer `l`: the local base on a sliding-window layer that has
+    /// one, `rope_theta` otherwise.
+    pub fn rope_theta_of(&self, layer: usize) -> f64 {
+        match (self.window_of(layer), self.variant.rope_local_theta) {
+            (Some(_), Some(local)) => local,
+            _ => self.rope_theta,
+        }
+    }
+
+    /// The attention score scale: `query_pre_attn_scalar^-0.5` where the config gives
+    /// it, `head_dim^-0.5` otherwise.
+    pub fn attention_scale(&self) -> f32 {
+        self.variant
+            .attention_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
     /// Query width (`num_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -196,12 +318,153 @@ impl TargetConfig {
     }
 }
 
+/// Gemma 3's departures from Llama, each key checked by name: the window and which
+/// layers slide (`layer_types`, else every `sliding_window_pattern`-th layer global), the
+/// local rope base, `query_pre_attn_scalar`, GELU-tanh; soft-capping (null in Gemma 3)
+/// is refused, as the forward has none.
+fn gemma3_variant(
+    v: &Value,
+    num_layers: usize,
+    hidden: usize,
+    bad: &dyn Fn(&str, String) -> TargetError,
+) -> Result<ArchVariant> {
+    let window = match v.get("sliding_window") {
+        Some(w) => w
+            .as_u64()
+            .filter(|&w| w > 0 && w <= 1 << 24)
+            .map(|w| w as usize)
+            .ok_or_else(|| {
+                bad(
+                    "sliding_window",
+                    format!("is {w}, not a positive integer up to 2^24"),
+                )
+            })?,
+        None => {
+            return Err(bad(
+                "sliding_window",
+                "is missing (Gemma 3 needs its window)".into(),
+            ))
+        }
+    };
+    let sliding_layers: Vec<bool> = match (v.get("layer_types"), v.get("sliding_window_pattern")) {
+        (Some(types), _) => {
+            let types = types
+                .as_array()
+                .ok_or_else(|| bad("layer_types", format!("is {types}, not a list")))?;
+            if types.len() != num_layers {
+                return Err(bad(
+                    "layer_types",
+                    format!("has {} entries for {num_layers} layers", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(bad(
+                        "layer_types",
+                        format!("holds {t}; known: 'sliding_attention', 'full_attention'"),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+        (None, Some(p)) => {
+            let p = p.as_u64().filter(|&p| p > 0).ok_or_else(|| {
+                bad(
+                    "sliding_window_pattern",
+                    format!("is {p}, not a positive integer"),
+                )
+            })?;
+            (0..num_layers as u64).map(|i| (i + 1) % p != 0).collect()
+        }
+        (None, None) => {
+            return Err(bad(
+                "layer_types",
+                "is missing, and so is sliding_window_pattern (which layers slide?)".into(),
+            ))
+        }
+    };
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some(cap) = v.get(key).filter(|c| !c.is_null()) {
+            return Err(bad(
+                key,
+                format!("is {cap}; logit soft-capping is not implemented (Gemma 3 sets none)"),
+            ));
+        }
+    }
+    let act = v
+        .get("hidden_activation")
+        .filter(|a| !a.is_null())
+        .or_else(|| v.get("hidden_act"));
+    match act.and_then(Value::as_str) {
+        None | Some("gelu_pytorch_tanh") => {}
+        Some(other) => {
+            return Err(bad(
+                "hidden_activation",
+                format!("is '{other}'; a Gemma 3 model runs 'gelu_pytorch_tanh'"),
+            ))
+        }
+    }
+    let local_key = v.get("rope_local_base_freq").or_else(|| {
+        v.get("rope_parameters")
+            .and_then(|r| r.get("sliding_attention"))
+            .and_then(|r| r.get("rope_theta"))
+    });
+    let local = match local_key {
+        None => 10000.0,
+        Some(b) => b
+            .as_f64()
+            .filter(|b| b.is_finite() && *b > 0.0)
+            .ok_or_else(|| {
+                bad(
+                    "rope_local_base_freq",
+                    format!("is {b}, not a positive number"),
+                )
+            })?,
+    };
+    let attention_scale = match v.get("query_pre_attn_scalar") {
+        None => None,
+        Some(s) => {
+            let s = s
+                .as_f64()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| {
+                    bad(
+                        "query_pre_attn_scalar",
+                        format!("is {s}, not a positive number"),
+                    )
+                })?;
+            // transformers: `scaling = query_pre_attn_scalar ** -0.5` (a Python float),
+            // used in f32.
+            Some(s.powf(-0.5) as f32)
+        }
+    };
+    Ok(ArchVariant {
+        sliding_window: Some(window),
+        sliding_layers,
+        rope_local_theta: Some(local),
+        attention_scale,
+        // transformers: `hidden_size ** 0.5` cast to the weights' dtype (f32 here).
+        embed_scale: Some((hidden as f64).sqrt() as f32),
+        norm_plus_one: true,
+        activation: Activation::GeluTanh,
+    })
+}
+
 /// The tensors of one decoder layer.
 pub struct LayerWeights<'a> {
     /// RMSNorm gain before attention (`hidden` values).
     pub input_norm: Vec<f32>,
-    /// RMSNorm gain before the MLP (`hidden` values).
+    /// RMSNorm gain before the MLP (`hidden` values): Llama's and Qwen3's
+    /// `post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`.
     pub post_norm: Vec<f32>,
+    /// Gemma's norm of the attention output before the residual add
+    /// (`post_attention_layernorm`); `None` for Llama and Qwen3.
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Gemma's norm of the MLP output before the residual add
+    /// (`post_feedforward_layernorm`); `None` for Llama and Qwen3.
+    pub post_ffn_norm: Option<Vec<f32>>,
     /// Qwen3's per-head query RMSNorm gain (`head_dim` values); `None` for Llama.
     pub q_norm: Option<Vec<f32>>,
     /// Qwen3's per-head key RMSNorm gain (`head_dim` values); `None` for Llama.
@@ -248,10 +511,14 @@ impl TargetWeights<'_> {
                 });
             }
             let row = &self.embed.bytes[t as usize * h * 2..(t as usize + 1) * h * 2];
-            out.extend(
-                row.chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            );
+            let widened = row
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32());
+            match config.variant.embed_scale {
+                // Gemma scales the rows by √hidden (one f32 multiply, as transformers).
+                Some(scale) => out.extend(widened.map(|v| v * scale)),
+                None => out.extend(widened),
+            }
         }
         Ok(out)
     }
@@ -319,10 +586,19 @@ impl TargetPackage {
             used.push(name.clone());
             Ok(c.tensor(&name)?)
         };
+        let plus_one = cfg.variant.norm_plus_one;
         let gain = |t: TensorView<'_>, len: usize| -> Result<Vec<f32>> {
             t.expect_dtype(Dtype::BF16)?;
             t.expect_shape(&[len])?;
-            Ok(t.to_f32()?)
+            let mut g = t.to_f32()?;
+            if plus_one {
+                // Gemma's RMSNorm multiplies by `1 + w` computed in f32; adding the 1
+                // here once gives the very same f32 gain.
+                for v in &mut g {
+                    *v += 1.0;
+                }
+            }
+            Ok(g)
         };
         fn proj<'c>(path: &str, t: TensorView<'c>, n: usize, k: usize) -> Result<Q4Matrix<'c>> {
             if !k.is_multiple_of(32) {
@@ -344,15 +620,30 @@ impl TargetPackage {
         for l in 0..cfg.num_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             let (q_norm, k_norm) = match cfg.family {
-                Family::Qwen3 => (
+                Family::Qwen3 | Family::Gemma3 => (
                     Some(gain(tensor(p("self_attn.q_norm.weight"))?, cfg.head_dim)?),
                     Some(gain(tensor(p("self_attn.k_norm.weight"))?, cfg.head_dim)?),
                 ),
                 Family::Llama => (None, None),
             };
+            let input_norm = gain(tensor(p("input_layernorm.weight"))?, h)?;
+            let (post_norm, post_attn_norm, post_ffn_norm) = match cfg.family {
+                Family::Gemma3 => (
+                    gain(tensor(p("pre_feedforward_layernorm.weight"))?, h)?,
+                    Some(gain(tensor(p("post_attention_layernorm.weight"))?, h)?),
+                    Some(gain(tensor(p("post_feedforward_layernorm.weight"))?, h)?),
+                ),
+                Family::Llama | Family::Qwen3 => (
+                    gain(tensor(p("post_attention_layernorm.weight"))?, h)?,
+                    None,
+                    None,
+                ),
+            };
             layers.push(LayerWeights {
-                input_norm: gain(tensor(p("input_layernorm.weight"))?, h)?,
-                post_norm: gain(tensor(p("post_attention_layernorm.weight"))?, h)?,
+                input_norm,
+                post_norm,
+                post_attn_norm,
+                post_ffn_norm,
                 q_norm,
                 k_norm,
                 q: proj(path, tensor(p("self_attn.q_proj.weight"))?, cfg.q_dim(), h)?,

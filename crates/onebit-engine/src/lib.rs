@@ -77,6 +77,14 @@ pub use text::{
 /// one chunk size of every prefill (`mtp::run`, `onebit bench` and the engine).
 pub use mtp::PREFILL_CHUNK;
 
+/// Sampling parameters and their refusals, and log-probabilities (the engine's
+/// vocabulary for front ends, which need not name `mtp`).
+pub use mtp::{SamplingConfig, SamplingError, TokenLogprob, MAX_TOP_LOGPROBS};
+
+/// Prompt positions whose full logits one prompt-logprobs pass computes at most (rows ×
+/// vocabulary floats: 64 rows of a 152k vocabulary are 39 MB).
+const PROMPT_LOGPROBS_CHUNK: usize = 64;
+
 /// Which drafter speculative decoding uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum DrafterConfig {
@@ -93,6 +101,50 @@ pub enum DrafterConfig {
         /// The draft package directory.
         dir: PathBuf,
     },
+    /// Prompt lookup chained with a DFlash draft ([`mtp::ChainedHead`]): each round
+    /// takes the proposal of the drafter that has been accepting more.
+    Chained {
+        /// The draft package directory.
+        dir: PathBuf,
+        /// Lookup's longest suffix n-gram.
+        ngram: usize,
+    },
+}
+
+impl DrafterConfig {
+    /// The drafter the command-line flags ask for (`--draft DIR`, `--lookup`, both to
+    /// chain them), the one rule `run`, `bench` and `serve` share.
+    pub fn from_flags(draft: Option<&Path>, lookup: bool, ngram: usize) -> DrafterConfig {
+        match (draft, lookup) {
+            (Some(dir), true) => DrafterConfig::Chained {
+                dir: dir.to_path_buf(),
+                ngram,
+            },
+            (Some(dir), false) => DrafterConfig::DFlash {
+                dir: dir.to_path_buf(),
+            },
+            (None, true) => DrafterConfig::Lookup { ngram },
+            (None, false) => DrafterConfig::None,
+        }
+    }
+
+    /// A short name for reports (`none`, `lookup`, `dflash DIR`, `lookup+dflash DIR`).
+    pub fn describe(&self) -> String {
+        match self {
+            DrafterConfig::None => "none".into(),
+            DrafterConfig::Lookup { .. } => "lookup".into(),
+            DrafterConfig::DFlash { dir } => format!("dflash {}", dir.display()),
+            DrafterConfig::Chained { dir, .. } => format!("lookup+dflash {}", dir.display()),
+        }
+    }
+
+    /// The DFlash draft package, when the drafter has one.
+    fn draft_dir(&self) -> Option<&Path> {
+        match self {
+            DrafterConfig::DFlash { dir } | DrafterConfig::Chained { dir, .. } => Some(dir),
+            _ => None,
+        }
+    }
 }
 
 /// How to load an [`Engine`].
@@ -241,8 +293,8 @@ impl Engine {
             package.config.bos_token_id,
             &package.config.eos_token_ids,
         )?;
-        let draft = match &config.drafter {
-            DrafterConfig::DFlash { dir } => {
+        let draft = match config.drafter.draft_dir() {
+            Some(dir) => {
                 let model = dflash_draft::load_draft(dir)?;
                 model.check_target(&dflash_draft::TargetShape {
                     name: config.model.display().to_string(),
@@ -459,6 +511,14 @@ impl Engine {
         Ok(ids)
     }
 
+    /// The bytes token `id` stands for ([`Text::token_bytes`]; empty without a tokenizer).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.text
+            .as_ref()
+            .map(|t| t.token_bytes(id))
+            .unwrap_or_default()
+    }
+
     /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS template.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
         self.text
@@ -558,6 +618,14 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Drafting on or off.
     pub draft: DraftMode,
+    /// `Some(n)`: report each generated token's log-probability with the `n` most
+    /// likely alternatives (0..=[`MAX_TOP_LOGPROBS`]) in [`Completion::logprobs`] and
+    /// [`Event::Token`].
+    pub logprobs: Option<usize>,
+    /// Report the prompt's log-probabilities ([`Completion::prompt_logprobs`]; with
+    /// `logprobs`' count of alternatives). The whole prompt is then run again (the KV
+    /// cache of an earlier request holds no logits), so nothing is reused.
+    pub prompt_logprobs: bool,
 }
 
 impl Request {
@@ -570,16 +638,19 @@ impl Request {
                 temperature: 0.0,
                 top_p: 1.0,
                 seed: 0,
+                ..mtp::SamplingConfig::default()
             },
             stop: Vec::new(),
             ignore_eos: false,
             draft: DraftMode::Auto,
+            logprobs: None,
+            prompt_logprobs: false,
         }
     }
 }
 
 /// What a generation streams.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Event<'a> {
     /// A token was emitted; `text` is the output text it completes (possibly empty:
     /// part of a UTF-8 sequence, or text held back while it may start a stop string).
@@ -588,6 +659,8 @@ pub enum Event<'a> {
         id: u32,
         /// Text released with it.
         text: &'a str,
+        /// Its log-probability, when the request asked for them ([`Request::logprobs`]).
+        logprob: Option<&'a TokenLogprob>,
     },
     /// Text released at the end of the output (held back until then).
     Text(&'a str),
@@ -688,6 +761,14 @@ pub struct Completion {
     pub stats: mtp::Stats,
     /// Whether a drafter ran.
     pub drafted: bool,
+    /// Verified rounds by drafter, when several were chained (`[("lookup", n),
+    /// ("dflash", m)]`); empty otherwise.
+    pub rounds_by_drafter: Vec<(&'static str, usize)>,
+    /// With [`Request::logprobs`]: one per token of `tokens`, in order.
+    pub logprobs: Vec<TokenLogprob>,
+    /// With [`Request::prompt_logprobs`]: one per prompt token, in order; the first is
+    /// `None` (nothing precedes it).
+    pub prompt_logprobs: Vec<Option<TokenLogprob>>,
 }
 
 impl Completion {
@@ -763,6 +844,36 @@ impl Session {
         Ok(())
     }
 
+    /// Runs `ids[..len - 1]` (the last token is left to the generation's own pass) with
+    /// full logits, in chunks, and scores each prompt token under the row before it.
+    /// The positions stay in the KV cache (and the history) as a prefill's would.
+    fn prompt_logprobs(
+        &mut self,
+        ids: &[u32],
+        request: &Request,
+        cancel: &CancelFlag,
+    ) -> Result<Vec<Option<TokenLogprob>>> {
+        let vocab = self.engine.package.config.vocab_size;
+        let top = request.logprobs.unwrap_or(0);
+        let mut out = Vec::with_capacity(ids.len());
+        out.push(None);
+        let start = self.target.position();
+        let body = &ids[..ids.len() - 1];
+        for (c, chunk) in body[start..].chunks(PROMPT_LOGPROBS_CHUNK).enumerate() {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let logits = self.target.forward(chunk)?;
+            let first = start + c * PROMPT_LOGPROBS_CHUNK;
+            self.history.extend_from_slice(chunk);
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                // Row of position p predicts the token at p + 1.
+                out.push(Some(mtp::token_logprob(row, ids[first + r + 1], top)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Generates for `request`, streaming to `sink`; see the crate docs. On an error the
     /// session is reset (its state is never left out of step).
     pub fn generate(
@@ -772,6 +883,11 @@ impl Session {
         cancel: &CancelFlag,
     ) -> Result<Completion> {
         request.sampling.check()?;
+        if let Some(n) = request.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::Invalid(format!(
+                "logprobs: at most {MAX_TOP_LOGPROBS} alternatives a token, got {n}"
+            )));
+        }
         let ids = self.engine.tokenize(&request.prompt)?;
         self.engine.check_fits(ids.len(), request.max_tokens)?;
         // A member of the shared passes while it generates: finished, failed or
@@ -794,7 +910,12 @@ impl Session {
     ) -> Result<Completion> {
         let engine = self.engine.clone();
         let start = Instant::now();
-        let cached = self.reusable(ids);
+        // Prompt log-probabilities need the logits of every prompt position: none reused.
+        let cached = if request.prompt_logprobs {
+            0
+        } else {
+            self.reusable(ids)
+        };
         self.rewind(cached)?;
         let mut completion = Completion {
             prompt_tokens: ids.len(),
@@ -805,10 +926,17 @@ impl Session {
             timings: Timings::default(),
             stats: mtp::Stats::default(),
             drafted: false,
+            rounds_by_drafter: Vec::new(),
+            logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         };
+        if request.prompt_logprobs {
+            completion.prompt_logprobs = self.prompt_logprobs(ids, request, cancel)?;
+        }
         // Chunked prefill (`Forward::prefill_with`, the flag asked before each chunk): the
         // whole chunks here, the last (partial) chunk, which holds the last prompt token,
         // in the loop's own prefill pass — one pass for a short prompt.
+        let cached = self.target.position();
         let chunk = engine.prefill_chunk();
         let whole = (ids.len() - cached).saturating_sub(1) / chunk * chunk;
         let prefilled = self
@@ -848,17 +976,20 @@ impl Session {
         };
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
-            (DrafterConfig::DFlash { .. }, true) => {
+            (DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }, true) => {
                 let d = engine
                     .draft
                     .as_ref()
                     .expect("a DFlash engine loads its draft");
                 let hooks = self.target.draft_hooks(&engine.package)?;
-                Some(Box::new(mtp::DFlashHead::new(
-                    d.weights,
-                    Box::new(hooks),
-                    self.taps.clone(),
-                )))
+                let dflash = mtp::DFlashHead::new(d.weights, Box::new(hooks), self.taps.clone());
+                match &engine.config.drafter {
+                    DrafterConfig::Chained { ngram, .. } => Some(Box::new(mtp::ChainedHead::new(
+                        mtp::LookupHead::new(*ngram),
+                        dflash,
+                    ))),
+                    _ => Some(Box::new(dflash)),
+                }
             }
             _ => None,
         };
@@ -871,8 +1002,12 @@ impl Session {
         let mut failure: Option<EngineError> = None;
         let mut first_token: Option<Instant> = None;
         let mut out_text = String::new();
-        let mut on_token = |t: u32| -> bool {
+        let logprobs = &mut completion.logprobs;
+        let mut on_token = |t: u32, lp: Option<&TokenLogprob>| -> bool {
             first_token.get_or_insert_with(Instant::now);
+            if let Some(lp) = lp {
+                logprobs.push(lp.clone());
+            }
             if cancel.is_cancelled() {
                 reason = Some(StopReason::Cancelled);
                 return false;
@@ -895,6 +1030,7 @@ impl Session {
             let flow = sink.event(Event::Token {
                 id: t,
                 text: &release,
+                logprob: lp,
             });
             if let Some(s) = stop {
                 reason = Some(StopReason::StopString(s));
@@ -910,12 +1046,13 @@ impl Session {
             Some(h) => Some(h.as_mut()),
             None => None,
         };
-        let run = mtp::run_from(
+        let run = mtp::run_observed(
             &mut self.target,
             head_ref,
             ids,
             position,
             &options,
+            request.logprobs,
             &mut on_token,
         );
         let end = Instant::now();
@@ -967,6 +1104,10 @@ impl Session {
         completion.text = out_text;
         completion.stop = stop;
         completion.stats = out.stats;
+        completion.rounds_by_drafter = head
+            .as_ref()
+            .map(|h| h.rounds_by_drafter())
+            .unwrap_or_default();
         Ok(completion)
     }
 }

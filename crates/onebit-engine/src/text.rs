@@ -36,6 +36,9 @@ pub struct Text {
     /// The ids the tokenizer's post-processor puts before a text when it adds special
     /// tokens (a BOS, for most models that want one; empty when it adds none).
     prefix: Vec<u32>,
+    /// The decoder is byte-level BPE's (GPT-2's byte-to-character table): a token's
+    /// bytes are its vocabulary string mapped back through that table.
+    byte_level: bool,
 }
 
 impl Text {
@@ -62,7 +65,15 @@ impl Text {
             })?;
         let ids = processed.get_ids();
         let prefix = ids[..ids.iter().position(|&id| id == probe).unwrap_or(0)].to_vec();
-        Ok(Some(Text { tokenizer, prefix }))
+        let byte_level = tokenizer
+            .get_decoder()
+            .and_then(|d| serde_json::to_value(d).ok())
+            .is_some_and(|v| v["type"] == "ByteLevel");
+        Ok(Some(Text {
+            tokenizer,
+            prefix,
+            byte_level,
+        }))
     }
 
     /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS template.
@@ -98,6 +109,38 @@ impl Text {
         self.tokenizer.id_to_token(id)
     }
 
+    /// The bytes token `id` stands for (what OpenAI's logprobs report as `bytes`: a
+    /// token may hold part of a UTF-8 sequence). Byte-level BPE: the vocabulary string
+    /// through GPT-2's byte table; SentencePiece: `<0xHH>` is byte HH and `▁` a space;
+    /// added (special) tokens: their text. Empty for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
+        let special = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special);
+        if special {
+            return piece.into_bytes();
+        }
+        if self.byte_level {
+            let bytes: Option<Vec<u8>> = piece.chars().map(gpt2_byte).collect();
+            return bytes.unwrap_or_else(|| piece.into_bytes());
+        }
+        if let Some(hex) = piece
+            .strip_prefix("<0x")
+            .and_then(|h| h.strip_suffix('>'))
+            .filter(|h| h.len() == 2)
+        {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                return vec![b];
+            }
+        }
+        piece.replace('\u{2581}', " ").into_bytes()
+    }
+
     /// Text of `ids` (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
         self.tokenizer
@@ -111,6 +154,23 @@ impl Text {
             .decode(ids, false)
             .map_err(|e| EngineError::Decode(e.to_string()))
     }
+}
+
+/// The byte GPT-2's byte-level table maps to character `c` (printable Latin-1 bytes
+/// stand for themselves; the other 68 bytes are the characters from U+0100 up, in
+/// byte order), or `None` for a character outside the table.
+fn gpt2_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let code = c as u32;
+    if code < 0x100 {
+        return printable(code).then_some(code as u8);
+    }
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth((code - 0x100) as usize)
+        .map(|b| b as u8)
 }
 
 /// The special-token strings a chat template sees: transformers passes its tokenizer's
@@ -775,6 +835,31 @@ mod tests {
     fn no_stop_strings_release_everything() {
         let mut m = StopMatcher::new(&[String::new()]);
         assert_eq!(m.push("abc"), StopScan::Release("abc".into()));
+    }
+
+    #[test]
+    fn gpt2_byte_table_inverts_the_byte_level_alphabet() {
+        assert_eq!(super::gpt2_byte('\u{120}'), Some(b' '), "Ġ");
+        assert_eq!(super::gpt2_byte('\u{10a}'), Some(b'\n'), "Ċ");
+        assert_eq!(super::gpt2_byte('a'), Some(b'a'));
+        assert_eq!(
+            super::gpt2_byte('\u{ad}'),
+            None,
+            "soft hyphen is not in the table"
+        );
+        // All 256 bytes, each once.
+        let mut seen = [false; 256];
+        for c in (0x21u32..0x7f)
+            .chain(0xa1..0xad)
+            .chain(0xae..0x100)
+            .chain(0x100..0x144)
+        {
+            let b = super::gpt2_byte(char::from_u32(c).unwrap()).unwrap();
+            assert!(!seen[b as usize], "{c:x}");
+            seen[b as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(super::gpt2_byte('\u{144}'), None);
     }
 
     #[test]

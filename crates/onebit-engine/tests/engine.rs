@@ -169,6 +169,82 @@ fn lookup_drafting_keeps_the_text_and_reports_its_drafts() {
     }
 }
 
+/// Log-probabilities: a generated token's values (from the pass that picked it: the
+/// prefill's last row, a plain step, or a verify row) equal, bit for bit, the prompt
+/// log-probabilities of the same tokens scored as a prompt (full-logit passes over the
+/// whole text); the streamed ones are the completion's; drafting (lookup, fixed and
+/// adaptive k) changes none of them; more than 20 alternatives are refused by name.
+#[test]
+fn logprobs_equal_the_prompts_and_drafting_changes_none() {
+    let mut c = config("tiny-qwen3");
+    c.drafter = DrafterConfig::Lookup { ngram: 3 };
+    c.draft_max = 4;
+    let engine = Engine::load(&c).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
+    let mut session = engine.session().unwrap();
+    let mut plain_req = greedy(&prompt, 30);
+    plain_req.draft = DraftMode::Off;
+    plain_req.logprobs = Some(5);
+    let mut streamed = Vec::new();
+    let mut sink = |e: Event<'_>| {
+        if let Event::Token { logprob, .. } = e {
+            streamed.push(logprob.cloned());
+        }
+        ControlFlow::Continue(())
+    };
+    let plain = session
+        .generate(&plain_req, &mut sink, &CancelFlag::new())
+        .unwrap();
+    assert_eq!(plain.logprobs.len(), 30);
+    assert!(plain.prompt_logprobs.is_empty(), "not asked for");
+    let streamed: Vec<_> = streamed.into_iter().map(Option::unwrap).collect();
+    assert_eq!(streamed, plain.logprobs);
+    for (lp, &t) in plain.logprobs.iter().zip(&plain.tokens) {
+        assert_eq!(lp.token, t);
+        assert_eq!(lp.top.len(), 5);
+        assert_eq!(lp.top[0], (t, lp.logprob), "greedy picks the most likely");
+    }
+    // The same tokens as a prompt (a session holding them already: nothing is reused).
+    let text: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
+    let mut scored_req = greedy(&text, 0);
+    scored_req.draft = DraftMode::Off;
+    scored_req.logprobs = Some(5);
+    scored_req.prompt_logprobs = true;
+    let scored = session
+        .generate(&scored_req, &mut NullSink, &CancelFlag::new())
+        .unwrap();
+    assert_eq!(scored.cached_tokens, 0);
+    assert!(scored.tokens.is_empty() && scored.logprobs.is_empty());
+    assert_eq!(scored.prompt_logprobs.len(), text.len());
+    assert_eq!(scored.prompt_logprobs[0], None);
+    for (i, lp) in scored.prompt_logprobs.iter().enumerate().skip(1) {
+        assert_eq!(lp.as_ref().unwrap().token, text[i]);
+    }
+    let tail: Vec<_> = scored.prompt_logprobs[prompt.len()..]
+        .iter()
+        .map(|l| l.clone().unwrap())
+        .collect();
+    assert_eq!(tail, plain.logprobs, "bit for bit");
+    for mode in [DraftMode::Fixed(4), DraftMode::Auto] {
+        let mut req = plain_req.clone();
+        req.draft = mode;
+        let spec = session
+            .generate(&req, &mut NullSink, &CancelFlag::new())
+            .unwrap();
+        assert!(spec.stats.accepted > 0, "{mode:?}: {:?}", spec.stats);
+        assert_eq!(spec.logprobs, plain.logprobs, "{mode:?}");
+    }
+    let mut too_many = plain_req.clone();
+    too_many.logprobs = Some(21);
+    let e = session
+        .generate(&too_many, &mut NullSink, &CancelFlag::new())
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "logprobs: at most 20 alternatives a token, got 21"
+    );
+}
+
 #[test]
 fn refusals_name_their_values() {
     let mut c = config("tiny-qwen3");

@@ -120,6 +120,36 @@ fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `sqrt(2 / pi)`, the tanh GELU's inner factor (PyTorch's `kBeta`).
+const GELU_BETA: f32 = 0.797_884_6;
+/// The cubic coefficient of the tanh GELU (PyTorch's `kKappa`).
+const GELU_KAPPA: f32 = 0.044_715;
+
+/// GELU with the tanh approximation (`gelu_pytorch_tanh`), in PyTorch's order:
+/// `0.5 · x · (1 + tanh(β · (x + κ · x³)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    let inner = GELU_BETA * (x + GELU_KAPPA * (x * x * x));
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// GELU-tanh(gate) * up, in place into `gate` (Gemma's GeGLU MLP).
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    /// Elements per task: each costs a `tanh`, as [`swiglu`]'s an `exp`.
+    const CHUNK: usize = 384;
+    assert_eq!(gate.len(), up.len(), "geglu: gate and up differ in length");
+    let serial = |gate: &mut [f32], up: &[f32]| {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = gelu_tanh(*g) * u;
+        }
+    };
+    if gate.len() <= CHUNK {
+        return serial(gate, up);
+    }
+    // Element-wise, so spreading it over the team cannot change a bit.
+    crate::team::for_each_chunk(gate, CHUNK, |i, g| serial(g, &up[i * CHUNK..]));
+}
+
 /// Lanes of [`dot`]'s partial sums.
 const DOT_LANES: usize = 32;
 

@@ -501,6 +501,7 @@ fn sequences_together_equal_each_alone() {
                         layer: &c.layer,
                         rows: at - c.n..at,
                         p0: c.p0,
+                        window: None,
                     }
                 })
                 .collect();
@@ -527,6 +528,164 @@ fn sequences_together_equal_each_alone() {
                     &format!("{} {} kv, {threads} threads", isa.name(), kv_type.name()),
                 );
             }
+        }
+    }
+}
+
+fn run_window(c: &Case, isa: Isa, split: Split, window: Option<usize>) -> Vec<f32> {
+    let hd = c.layer.head_dim();
+    let mut out = vec![0f32; c.n * c.heads * hd];
+    attention::attention_window(
+        isa, &c.layer, &c.queries, c.n, c.p0, c.heads, c.scale, window, &mut out, split,
+    );
+    out
+}
+
+/// A sliding-window layer's attention: every variant and split equals the scalar
+/// reference bit for bit, each row equals itself alone, the result is within the
+/// reference's bound of an f64 softmax over exactly the last `w` positions (a window
+/// starting anywhere inside a key block), and a window wider than the context is plain
+/// causal attention, bit for bit.
+#[test]
+fn sliding_window_sees_exactly_its_last_positions() {
+    let hd = 64;
+    let group = 2;
+    let mut worst = 0f64;
+    for kv_type in KvType::ALL {
+        for (len, n, w, seed) in [
+            (10, 10, 4, 1),
+            (200, 5, 70, 2),
+            (300, 3, 64, 3),
+            (333, 40, 129, 4),
+            (90, 2, 1, 5),
+        ] {
+            let c = case(kv_type, 2, group, hd, len, n, seed);
+            let want = run_window(&c, Isa::scalar(), Split::Rows, Some(w));
+            for isa in Isa::available() {
+                for split in [
+                    Split::Rows,
+                    Split::Blocks { per: 1 },
+                    Split::Blocks { per: 2 },
+                    Split::Auto,
+                ] {
+                    assert_bits(
+                        &run_window(&c, isa, split, Some(w)),
+                        &want,
+                        &format!("{} {split:?} window {w} len {len}", isa.name()),
+                    );
+                }
+                let width = c.heads * hd;
+                for i in [0, n - 1] {
+                    let mut alone = c.layer.clone();
+                    alone.truncate(c.p0 + i + 1);
+                    let single = Case {
+                        layer: alone,
+                        queries: c.queries[i * width..(i + 1) * width].to_vec(),
+                        n: 1,
+                        p0: c.p0 + i,
+                        heads: c.heads,
+                        scale: c.scale,
+                    };
+                    assert_bits(
+                        &run_window(&single, isa, Split::Auto, Some(w)),
+                        &want[i * width..(i + 1) * width],
+                        &format!("{} window {w}: row {i} alone", isa.name()),
+                    );
+                }
+            }
+            // Against f64 over the window only.
+            let mut vmax = 0f64;
+            for i in 0..n {
+                let end = c.p0 + i + 1;
+                let start = end.saturating_sub(w);
+                for h in 0..c.heads {
+                    let view = c.layer.head(h / group);
+                    let q = &c.queries[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
+                    let scores: Vec<f64> = (start..end)
+                        .map(|t| {
+                            q.iter()
+                                .zip(&view.key_f32(t))
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * c.scale as f64
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let total: f64 = p.iter().sum();
+                    let mut expect = vec![0f64; hd];
+                    for (j, &pt) in p.iter().enumerate() {
+                        for (d, &v) in view.value_f32(start + j).iter().enumerate() {
+                            expect[d] += pt / total * v as f64;
+                            vmax = vmax.max((v as f64).abs());
+                        }
+                    }
+                    let o = &want[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
+                    for (g, e) in o.iter().zip(&expect) {
+                        worst = worst.max((*g as f64 - e).abs() / vmax);
+                    }
+                }
+            }
+            assert_bits(
+                &run_window(&c, Isa::scalar(), Split::Rows, Some(len + 1)),
+                &run(&c, Isa::scalar(), Split::Rows),
+                "a window past the context is causal attention",
+            );
+        }
+    }
+    eprintln!(
+        "sliding-window attention vs f64 over the window: worst error {worst:.3e} of max |v|"
+    );
+    assert!(worst <= 1e-6, "windowed reference vs f64: {worst:e}");
+}
+
+/// Sequences with sliding windows in one [`attention::attention_many`] call give each
+/// row the bits of its own windowed call (a shared pass over sliding-window layers).
+#[test]
+fn windowed_sequences_together_equal_each_alone() {
+    use attention::SequenceRows;
+    for kv_type in KvType::ALL {
+        let cases: Vec<(Case, Option<usize>)> = [
+            (150, 1, 21, Some(70)),
+            (9, 3, 22, Some(4)),
+            (200, 5, 23, None),
+        ]
+        .into_iter()
+        .map(|(len, n, seed, w)| (case(kv_type, 1, 4, 64, len, n, seed), w))
+        .collect();
+        for isa in Isa::available() {
+            let alone: Vec<f32> = cases
+                .iter()
+                .flat_map(|(c, w)| run_window(c, isa, Split::Auto, *w))
+                .collect();
+            let mut at = 0;
+            let sequences: Vec<SequenceRows<'_>> = cases
+                .iter()
+                .map(|(c, w)| {
+                    at += c.n;
+                    SequenceRows {
+                        layer: &c.layer,
+                        rows: at - c.n..at,
+                        p0: c.p0,
+                        window: *w,
+                    }
+                })
+                .collect();
+            let queries: Vec<f32> = cases.iter().flat_map(|(c, _)| c.queries.clone()).collect();
+            let mut together = vec![0f32; alone.len()];
+            attention::attention_many(
+                isa,
+                &sequences,
+                &queries,
+                4,
+                cases[0].0.scale,
+                &mut together,
+            );
+            assert_bits(
+                &together,
+                &alone,
+                &format!("{} {} kv windowed", isa.name(), kv_type.name()),
+            );
         }
     }
 }

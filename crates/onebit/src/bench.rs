@@ -64,7 +64,8 @@ pub struct BenchArgs {
     pub tokens: usize,
     /// Prompt lookup (no model): plain decoding, then lookup with adaptive k (and with
     /// fixed k = --draft-max), on the same prompt; speed-up and statistics of each.
-    #[arg(long, conflicts_with_all = ["oracle", "draft"])]
+    /// With --draft: lookup chained with the draft.
+    #[arg(long, conflicts_with = "oracle")]
     pub lookup: bool,
     /// With --lookup: the longest suffix n-gram matched.
     #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
@@ -435,6 +436,7 @@ fn print_profile(profiles: &[(usize, PassProfile)]) {
 fn drafter_name(args: &BenchArgs) -> String {
     match &args.oracle {
         Some(r) => format!("oracle ({r})"),
+        None if args.lookup && args.draft.is_some() => "lookup+dflash".into(),
         None if args.lookup => "lookup".into(),
         None => "dflash".into(),
     }
@@ -475,13 +477,7 @@ fn seconds(c: &Completion) -> f64 {
 /// `--oracle`, `--lookup` and `--draft`: plain greedy decoding first (timed; its
 /// continuation is the oracle's knowledge), then speculative decoding of the same prompt.
 fn speculative(args: &BenchArgs) -> Result<()> {
-    let drafter = match &args.draft {
-        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
-        None if args.lookup => DrafterConfig::Lookup {
-            ngram: args.lookup_ngram,
-        },
-        None => DrafterConfig::None,
-    };
+    let drafter = DrafterConfig::from_flags(args.draft.as_deref(), args.lookup, args.lookup_ngram);
     // Lookup and DFlash calibrate for their adaptive run unless --fixed-k (the oracle
     // runs fixed k).
     let fixed_k = args.fixed_k || args.oracle.is_some();
@@ -577,6 +573,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                             temperature: 0.0,
                             top_p: 1.0,
                             seed: 0,
+                            ..mtp::SamplingConfig::default()
                         },
                         adaptive: None,
                     };

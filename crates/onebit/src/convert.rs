@@ -96,6 +96,16 @@ pub fn convert(gguf_path: &Path, out_dir: &Path, force: bool, quiet: bool) -> Re
     };
     write_json("config.json", &config)?;
     write_json("tokenizer.json", &tokenizer)?;
+    if let Some(source) = config
+        .get("q4nx_chat_template_source")
+        .and_then(|v| v.as_str())
+    {
+        // The user should know the chat prompt format is not the file's own.
+        eprintln!(
+            "convert: note: {}: the GGUF has no tokenizer.chat_template; the package gets the {source}",
+            gguf_path.display()
+        );
+    }
 
     let mut differences = report.differences;
     if file

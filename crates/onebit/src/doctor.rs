@@ -29,7 +29,7 @@ pub struct DoctorArgs {
 }
 
 /// An installed XRT found where `xrt-sys`'s build script looks, and its version.
-fn installed_xrt() -> Option<(String, String)> {
+pub(crate) fn installed_xrt() -> Option<(String, String)> {
     use xrt_sys_version as v;
     let mut roots: Vec<(PathBuf, String)> = Vec::new();
     if let Some(root) = std::env::var_os("XILINX_XRT") {

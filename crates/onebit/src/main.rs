@@ -20,6 +20,8 @@ mod inspect;
 mod perplexity;
 mod run;
 mod serve;
+mod store;
+mod validate;
 
 /// Run Q4NX language models with DFlash speculative decoding.
 #[derive(Parser)]
@@ -50,6 +52,26 @@ enum Command {
     /// Report what this machine offers: CPU kernels, XRT, the NPU and why it is or is
     /// not usable; optionally check a model's NPU plan and a kernel manifest.
     Doctor(doctor::DoctorArgs),
+    /// Fetch a model by name (`smollm2`, `gemma3:270m`) into the store and convert it,
+    /// or add a local GGUF / Hugging Face directory under --name.
+    Pull(store::PullArgs),
+    /// The models in the store: name, size, family, quantization, when pulled.
+    List(store::ListArgs),
+    /// Remove a model from the store.
+    Rm(store::NameArgs),
+    /// What a stored model is: its source, digests and configuration.
+    Show(store::NameArgs),
+    /// Whether onebit can run on this machine (exit 0) and with what: CPU features
+    /// (AMX included), memory, the NPU driver and device, XRT.
+    Validate(validate::ValidateArgs),
+}
+
+/// A model argument that names a stored model (not a directory) becomes its package's
+/// directory; the name, when it was one.
+fn by_name(model: &mut std::path::PathBuf) -> anyhow::Result<Option<store::Name>> {
+    let (dir, name) = store::resolve(model)?;
+    *model = dir;
+    Ok(name)
 }
 
 fn main() -> ExitCode {
@@ -58,11 +80,24 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::ConvertDraft(args) => convert_draft::run(&args),
-        Command::Run(args) => run::run(&args),
-        Command::Bench(args) => bench::run(&args),
-        Command::Perplexity(args) => perplexity::run(&args),
+        Command::Run(mut args) => by_name(&mut args.target.model).and_then(|_| run::run(&args)),
+        Command::Bench(mut args) => by_name(&mut args.target.model).and_then(|_| bench::run(&args)),
+        Command::Perplexity(mut args) => {
+            by_name(&mut args.target.model).and_then(|_| perplexity::run(&args))
+        }
         Command::Doctor(args) => doctor::run(&args),
-        Command::Serve(args) => serve::run(&args),
+        Command::Serve(mut args) => by_name(&mut args.model_dir).and_then(|name| {
+            // A stored model is served under its name (`smollm2:135m`), as Ollama does.
+            if args.alias.is_none() {
+                args.alias = name.map(|n| n.to_string());
+            }
+            serve::run(&args)
+        }),
+        Command::Pull(args) => store::pull(&args),
+        Command::List(args) => store::list(&args),
+        Command::Rm(args) => store::rm(&args),
+        Command::Show(args) => store::show(&args),
+        Command::Validate(args) => validate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

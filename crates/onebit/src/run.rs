@@ -145,6 +145,24 @@ pub struct RunArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep tokens at least P times as likely as the most likely (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// llama.cpp's repeat penalty over the last --repeat-last-n context tokens (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Context tokens the repeat penalty looks back over (-1: the whole context).
+    #[arg(long, default_value = "64", allow_negative_numbers = true, value_parser = parse_last_n)]
+    pub repeat_last_n: usize,
+    /// OpenAI's presence penalty over the generated tokens, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty over the generated tokens, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Wrap the prompt in the model's chat template as a user turn.
     #[arg(long)]
     pub chat: bool,
@@ -169,8 +187,10 @@ pub struct RunArgs {
     #[arg(long, value_parser = ["always", "every-third", "never"], conflicts_with = "draft")]
     pub oracle: Option<String>,
     /// Prompt-lookup drafting (no model): draft what followed the latest earlier
-    /// occurrence of the longest suffix n-gram of prompt + output.
-    #[arg(long, conflicts_with_all = ["draft", "oracle"])]
+    /// occurrence of the longest suffix n-gram of prompt + output. With --draft, the
+    /// two are chained: each round takes lookup's proposal or the draft's, whichever
+    /// has been accepting more.
+    #[arg(long, conflicts_with = "oracle")]
     pub lookup: bool,
     /// With --lookup: the longest suffix n-gram matched (down to 1).
     #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
@@ -303,13 +323,7 @@ pub fn prompt(args: &RunArgs, engine: &Engine) -> Result<Prompt> {
 
 /// The drafter `args` ask for.
 fn drafter(args: &RunArgs) -> DrafterConfig {
-    match &args.draft {
-        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
-        None if args.lookup => DrafterConfig::Lookup {
-            ngram: args.lookup_ngram,
-        },
-        None => DrafterConfig::None,
-    }
+    DrafterConfig::from_flags(args.draft.as_deref(), args.lookup, args.lookup_ngram)
 }
 
 /// `--kv-type` values.
@@ -381,12 +395,10 @@ pub fn max_tokens(args: &RunArgs, ctx: usize, prompt: usize) -> Result<usize> {
 /// The request `args` ask for, generating at most `max_tokens`.
 fn request(args: &RunArgs, prompt: Prompt, draft: DraftMode, max_tokens: usize) -> Request {
     Request {
-        prompt,
-        max_tokens,
         sampling: sampling_config(args),
-        stop: Vec::new(),
         ignore_eos: args.ignore_eos,
         draft,
+        ..Request::new(prompt, max_tokens)
     }
 }
 
@@ -396,6 +408,23 @@ fn sampling_config(args: &RunArgs) -> SamplingConfig {
         temperature: args.temp,
         top_p: args.top_p,
         seed: args.seed,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+    }
+}
+
+/// `--repeat-last-n`: a count, or -1 for the whole context (llama.cpp's convention).
+fn parse_last_n(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(-1) => Ok(usize::MAX),
+        Ok(n) if n >= 0 => usize::try_from(n).map_err(|e| e.to_string()),
+        _ => Err(format!(
+            "--repeat-last-n must be a count of tokens or -1 (the whole context), got '{s}'"
+        )),
     }
 }
 
@@ -700,7 +729,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let info = engine.info();
     let calibration_seconds = engine.calibration_seconds();
-    let drafter_name = if args.lookup { "lookup" } else { "dflash" };
+    let drafter_name = match (args.lookup, args.draft.is_some()) {
+        (true, true) => "lookup+dflash",
+        (true, false) => "lookup",
+        _ => "dflash",
+    };
     if args.json {
         let mut obj = json!({
             "prompt_tokens": prompt_ids,
@@ -726,6 +759,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
             s["adaptive"] = json!(engine.adaptive());
             s["draft_max"] = json!(args.draft_max);
             s["calibration_seconds"] = json!(calibration_seconds);
+            if !out.rounds_by_drafter.is_empty() {
+                s["rounds_by_drafter"] = out
+                    .rounds_by_drafter
+                    .iter()
+                    .map(|(name, n)| (name.to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
+            }
             // Plain decoding's rate in this run: one 1-row pass a token (its timed
             // cost; `--compare` measures a whole plain decode instead).
             if let Some(one) = out.stats.pass_costs.cost(1) {

@@ -125,6 +125,61 @@ fn bad_run_inputs_exit_2_by_name() {
         .stderr(predicate::str::contains("tie_word_embeddings"));
 }
 
+/// Every sampling flag reaches the sampler: greedy with strong penalties is another
+/// text than plain greedy (the penalties change the argmax), top-k 1 at a high
+/// temperature is greedy, and a seed replays a penalized sampled run.
+#[test]
+fn sampling_flags_reach_the_sampler() {
+    let run = |extra: &[&str]| -> String {
+        let out = onebit()
+            .args([
+                "run",
+                "--prompt-tokens",
+                "1,17,300,42",
+                "--max-tokens",
+                "24",
+                "--ignore-eos",
+                "--json",
+            ])
+            .args(extra)
+            .arg("--model")
+            .arg(fixture("tiny-qwen3"))
+            .output()
+            .unwrap();
+        json_of(out)["tokens"].to_string()
+    };
+    let greedy = run(&[]);
+    assert_ne!(
+        run(&[
+            "--repeat-penalty",
+            "3",
+            "--repeat-last-n",
+            "-1",
+            "--presence-penalty",
+            "2",
+            "--frequency-penalty",
+            "2"
+        ]),
+        greedy
+    );
+    assert_eq!(run(&["--temp", "5", "--top-k", "1", "--seed", "9"]), greedy);
+    let sampled = [
+        "--temp",
+        "1.2",
+        "--top-k",
+        "50",
+        "--min-p",
+        "0.01",
+        "--top-p",
+        "0.95",
+        "--repeat-penalty",
+        "1.3",
+        "--seed",
+        "4",
+    ];
+    assert_eq!(run(&sampled), run(&sampled));
+}
+
 /// Sampling parameters are checked by the library (`mtp::SamplingConfig::check`)
 /// before the model is opened: exit 2 with the parameter and its value.
 #[test]
@@ -149,6 +204,31 @@ fn out_of_range_sampling_parameters_exit_2_by_value() {
             "--top-p",
             "1.5",
             "sampling: top_p must be a number in (0, 1], got 1.5",
+        ),
+        (
+            "--min-p",
+            "1.5",
+            "sampling: min_p must be a number in [0, 1], got 1.5",
+        ),
+        (
+            "--repeat-penalty",
+            "0",
+            "sampling: repeat_penalty must be a finite number > 0 (1 is off), got 0",
+        ),
+        (
+            "--presence-penalty",
+            "-2.5",
+            "sampling: presence_penalty must be a number in [-2, 2], got -2.5",
+        ),
+        (
+            "--frequency-penalty",
+            "3",
+            "sampling: frequency_penalty must be a number in [-2, 2], got 3",
+        ),
+        (
+            "--repeat-last-n",
+            "-2",
+            "--repeat-last-n must be a count of tokens or -1 (the whole context), got '-2'",
         ),
     ] {
         onebit()

@@ -826,6 +826,31 @@ try:
     raise SystemExit("no error for an unknown model")
 except openai.NotFoundError as e:
     assert "does not exist" in str(e), e
+# Logprobs through the SDK's types: chat (whole and streamed) and completions' echo.
+r = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=8, logprobs=True,
+    top_logprobs=3, messages=[{"role": "user", "content": "What is the capital of France?"}])
+content = r.choices[0].logprobs.content
+assert len(content) == r.usage.completion_tokens, content
+assert content[0].top_logprobs[0].token == content[0].token and content[0].logprob <= 0, content[0]
+assert bytes(content[0].bytes).decode("utf-8", "replace") == content[0].token
+streamed = []
+for chunk in client.chat.completions.create(model="smollm2", temperature=0, max_tokens=8, logprobs=True,
+        top_logprobs=3, stream=True, messages=[{"role": "user", "content": "What is the capital of France?"}]):
+    if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+        streamed.extend(chunk.choices[0].logprobs.content)
+assert [e.logprob for e in streamed] == [e.logprob for e in content]
+c = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=1,
+    echo=True, logprobs=1, temperature=0)
+lp = c.choices[0].logprobs
+assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+assert all(v <= 0 for v in lp.token_logprobs[1:]), lp
+assert c.choices[0].text.startswith("The capital of France is") or "capital" in c.choices[0].text, c
+# Penalties and the extension fields.
+p = client.chat.completions.create(model="smollm2", max_tokens=8, seed=3, temperature=0.7,
+    presence_penalty=0.5, frequency_penalty=0.5,
+    extra_body={"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1},
+    messages=[{"role": "user", "content": "What is the capital of France?"}])
+assert p.choices[0].message.content is not None
 print("ok", whole)
 "#;
     let out = Command::new(&python)
@@ -1633,6 +1658,382 @@ fn series_of(m: &std::collections::HashMap<String, f64>, route: &str, status: u1
     m[&format!("onebit_requests_total{{route=\"{route}\",status=\"{status}\"}}")]
 }
 
+/// The sampling fields beyond temperature and top-p: refused out of range with the
+/// field named (Ollama's under `options.`), accepted in range; and they reach the
+/// sampler (strong penalties change a greedy answer, as llama.cpp's greedy sampler
+/// after its penalties; top_k 1 at any temperature is greedy).
+#[test]
+fn sampling_fields_are_checked_by_name_and_reach_the_sampler() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    for (field, value, message) in [
+        (
+            "top_k",
+            json!(-1),
+            "sampling: top_k must be an integer >= 0 (0 keeps every token), got -1",
+        ),
+        (
+            "min_p",
+            json!(1.5),
+            "sampling: min_p must be a number in [0, 1], got 1.5",
+        ),
+        (
+            "repeat_penalty",
+            json!(0),
+            "sampling: repeat_penalty must be a finite number > 0 (1 is off), got 0",
+        ),
+        (
+            "repeat_last_n",
+            json!(-2),
+            "sampling: repeat_last_n must be an integer >= 0, or -1 for the whole context, got -2",
+        ),
+        (
+            "presence_penalty",
+            json!(2.5),
+            "sampling: presence_penalty must be a number in [-2, 2], got 2.5",
+        ),
+        (
+            "frequency_penalty",
+            json!(-3),
+            "sampling: frequency_penalty must be a number in [-2, 2], got -3",
+        ),
+    ] {
+        let mut body = chat("Hi", 4);
+        body[field] = value.clone();
+        let e = assert_error(s.post("/v1/chat/completions", &body), 400, message);
+        assert_eq!(e["param"], field);
+        let ollama = json!({"model": "tiny-llama", "prompt": "Hi", "stream": false, "options": {field: value}});
+        let (st, v) = s.post("/api/generate", &ollama);
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"], message);
+    }
+    let (st, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 1, "top_k": 1e30}),
+    );
+    assert_eq!(st, 400, "a top_k past 64 bits: {v}");
+    let greedy = |extra: Value| -> String {
+        let mut body = json!({"prompt": [1, 17, 300, 42], "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+        merge_into(&mut body, extra);
+        let (st, v) = s.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let plain = greedy(json!({}));
+    let penalized = greedy(
+        json!({"repeat_penalty": 3.0, "repeat_last_n": -1, "presence_penalty": 2.0, "frequency_penalty": 2.0}),
+    );
+    assert_ne!(plain, penalized, "the penalties reach the sampler");
+    assert_eq!(
+        greedy(json!({"temperature": 5.0, "top_k": 1, "seed": 3})),
+        plain
+    );
+    assert_eq!(greedy(json!({"min_p": 0.5, "top_p": 0.5})), plain);
+    // Ollama's options: top_k 1 at a high temperature is greedy there too.
+    let ollama = |options: Value| {
+        let (st, v) = s.post(
+            "/api/generate",
+            &json!({"model": "tiny-llama", "prompt": "Hi", "raw": true, "stream": false, "options": options}),
+        );
+        assert_eq!(st, 200, "{v}");
+        v["response"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        ollama(json!({"num_predict": 12, "temperature": 0})),
+        ollama(json!({"num_predict": 12, "temperature": 3.0, "top_k": 1, "seed": 5, "min_p": 0.1}))
+    );
+}
+
+fn merge_into(into: &mut Value, from: Value) {
+    if let (Some(a), Value::Object(b)) = (into.as_object_mut(), from) {
+        a.extend(b);
+    }
+}
+
+/// The logprobs fields: `top_logprobs` past 20 (or `logprobs` past 20 on completions),
+/// `top_logprobs` without `logprobs`, a count in chat's boolean `logprobs`, `echo` on
+/// a chat or with a stream: each refused by name.
+#[test]
+fn logprobs_fields_out_of_range_are_refused_by_name() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let cases = [
+        ("/v1/chat/completions", json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs", "'top_logprobs' must be an integer from 0 to 20, got 21"),
+        ("/v1/chat/completions", json!({"top_logprobs": 2}), "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
+        ("/v1/chat/completions", json!({"logprobs": 3}), "logprobs", "'logprobs' must be true or false on chat completions (the count goes in 'top_logprobs'), got 3"),
+        ("/v1/chat/completions", json!({"echo": true}), "echo", "'echo' is not supported by this server"),
+        ("/v1/completions", json!({"logprobs": 21}), "logprobs", "'logprobs' must be an integer from 0 to 20, got 21"),
+        ("/v1/completions", json!({"logprobs": -1}), "logprobs", "'logprobs' must be an integer from 0 to 20, got -1"),
+        ("/v1/completions", json!({"echo": true, "stream": true}), "echo", "'echo' is not supported with 'stream': true (send stream: false)"),
+        ("/v1/completions", json!({"max_tokens": 0}), "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': true)"),
+    ];
+    for (path, extra, param, message) in cases {
+        let mut body = if path == "/v1/completions" {
+            json!({"prompt": "Hi", "max_tokens": 2})
+        } else {
+            chat("Hi", 2)
+        };
+        merge_into(&mut body, extra);
+        let e = assert_error(s.post(path, &body), 400, message);
+        assert_eq!(e["param"], param, "{path}");
+    }
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stream": false, "logprobs": true, "top_logprobs": 30}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(
+        v["error"],
+        "'top_logprobs' must be an integer from 0 to 20, got 30"
+    );
+}
+
+/// Parses a whole SSE body's JSON events (the `[DONE]` dropped).
+fn sse_json(body: &str) -> Vec<Value> {
+    sse_events(body)
+        .into_iter()
+        .filter(|e| e != "[DONE]")
+        .map(|e| serde_json::from_str(&e).unwrap())
+        .collect()
+}
+
+/// Chat logprobs, whole and streamed: one entry a generated token, `{token, logprob,
+/// bytes, top_logprobs: [{token, logprob, bytes}]}`, the alternatives most likely first;
+/// at temperature 0 the chosen token is the first alternative; `token` is `bytes` as
+/// UTF-8; the stream carries the same entries as the whole answer. Completions' legacy
+/// shape: `tokens`, `token_logprobs`, `top_logprobs` (dicts) and `text_offset`, whole
+/// and streamed alike. Ollama's `logprobs` as chat's entries.
+#[test]
+fn logprobs_have_openais_shapes_whole_and_streamed() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let mut body = chat("Tell me a story", 12);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    body["ignore_eos"] = json!(true);
+    let (st, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(st, 200, "{v}");
+    let entries = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(entries.len(), 12);
+    for e in &entries {
+        let lp = e["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{e}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        assert_eq!(
+            top[0]["token"], e["token"],
+            "greedy picks the most likely: {e}"
+        );
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        for w in top.windows(2) {
+            assert!(w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64(), "{e}");
+        }
+        let bytes: Vec<u8> = e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(e["token"], json!(String::from_utf8_lossy(&bytes)));
+    }
+    // Without top_logprobs: the chosen tokens' values, no alternatives.
+    body.as_object_mut().unwrap().remove("top_logprobs");
+    let (_, bare) = s.post("/v1/chat/completions", &body);
+    let bare = bare["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(bare.len(), 12);
+    for (b, e) in bare.iter().zip(&entries) {
+        assert_eq!(b["logprob"], e["logprob"]);
+        assert_eq!(b["top_logprobs"], json!([]));
+    }
+    // Streamed: the same entries, spread over the chunks.
+    body["top_logprobs"] = json!(3);
+    body["stream"] = json!(true);
+    let (st, _, raw) = s.post_raw("/v1/chat/completions", &body);
+    assert_eq!(st, 200);
+    let streamed: Vec<Value> = sse_json(&raw)
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(streamed, entries);
+    // Legacy completions.
+    let body = json!({"prompt": [1, 17, 300, 42], "max_tokens": 10, "temperature": 0, "ignore_eos": true, "logprobs": 2});
+    let (st, v) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 10);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 10);
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert_eq!(offsets[0], 0);
+    for (i, t) in tokens.iter().enumerate().skip(1) {
+        let before = tokens[i - 1].as_str().unwrap().chars().count() as u64;
+        assert_eq!(
+            offsets[i].as_u64().unwrap(),
+            offsets[i - 1].as_u64().unwrap() + before,
+            "{t}"
+        );
+    }
+    for (top, chosen) in lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lp["token_logprobs"].as_array().unwrap())
+    {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 2, "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(
+            best,
+            chosen.as_f64().unwrap(),
+            "greedy: the chosen token is the best"
+        );
+    }
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (_, _, raw) = s.post_raw("/v1/completions", &streamed_body);
+    let mut joined = (Vec::new(), Vec::new(), Vec::new());
+    for c in sse_json(&raw) {
+        let l = &c["choices"][0]["logprobs"];
+        if l.is_object() {
+            joined.0.extend(l["tokens"].as_array().unwrap().clone());
+            joined
+                .1
+                .extend(l["token_logprobs"].as_array().unwrap().clone());
+            joined
+                .2
+                .extend(l["text_offset"].as_array().unwrap().clone());
+        }
+    }
+    assert_eq!(&joined.0, tokens);
+    assert_eq!(&joined.1, lp["token_logprobs"].as_array().unwrap());
+    assert_eq!(&joined.2, offsets);
+    // Ollama: the generated tokens' entries, as chat's.
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "tiny-llama", "prompt": "Hi", "stream": false, "logprobs": true, "top_logprobs": 2, "options": {"num_predict": 5, "temperature": 0}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let l = v["logprobs"].as_array().unwrap();
+    assert_eq!(l.len() as u64, v["eval_count"].as_u64().unwrap());
+    assert_eq!(l[0]["top_logprobs"].as_array().unwrap().len(), 2);
+}
+
+/// lm-evaluation-harness's loglikelihood request (`local-completions`: the tokenized
+/// prompt as a batch of one, `echo`, `logprobs: 1`, `max_tokens` 0 or 1): every prompt
+/// token's log-probability (the first null), equal to `onebit perplexity`'s per-token
+/// values on the same text: the perplexity of the scored half of a 64-token window,
+/// recomputed from the served values, equals the one `onebit perplexity --json`
+/// reports. A drafting server (`--lookup`) serves the same values, prompt and
+/// generated, bit for bit.
+#[test]
+fn echo_logprobs_equal_perplexity_and_speculation_changes_none() {
+    let (dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(8)
+        + "Pack my box with five dozen liquor jugs, and then sing a song of sixpence.";
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, &text).unwrap();
+    let (st, v) = s.post("/tokenize", &json!({"content": text, "add_special": false}));
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let ctx = 64;
+    assert!(ids.len() >= ctx, "{} tokens", ids.len());
+    let window = &ids[..ctx];
+    let request = |max_tokens: u64| json!({"model": "tiny-llama", "prompt": [window], "max_tokens": max_tokens, "temperature": 0, "logprobs": 1, "echo": true, "seed": 1234});
+    let (st, v) = s.post("/v1/completions", &request(0));
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let values = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(values.len(), ctx);
+    assert!(
+        values[0].is_null() && lp["top_logprobs"][0].is_null(),
+        "{lp}"
+    );
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ctx);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    // The text is the prompt echoed.
+    let (_, d) = s.post("/detokenize", &json!({"tokens": window}));
+    assert_eq!(v["choices"][0]["text"], d["content"]);
+    // onebit perplexity scores tokens ctx/2..ctx of the first window.
+    let nll: Vec<f64> = values[ctx / 2..]
+        .iter()
+        .map(|v| -v.as_f64().unwrap())
+        .collect();
+    let served = (nll.iter().sum::<f64>() / nll.len() as f64).exp();
+    let out = common::onebit()
+        .args([
+            "perplexity",
+            "--json",
+            "--ctx",
+            "64",
+            "--windows",
+            "1",
+            "--threads",
+            "1",
+            "--model",
+        ])
+        .arg(&pkg)
+        .arg("--file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let reported = common::json_of(out)["perplexity"].as_f64().unwrap();
+    // The served values are f32 (about 7 digits each).
+    assert!(
+        ((served - reported) / reported).abs() < 1e-5,
+        "served {served} vs onebit perplexity {reported}"
+    );
+    // max_tokens 1 (what the harness sends now): the prompt's values, then the one
+    // generated token's.
+    let (st, one) = s.post("/v1/completions", &request(1));
+    assert_eq!(st, 200, "{one}");
+    let one_values = one["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(one_values.len(), ctx + 1);
+    assert_eq!(&one_values[..ctx], &values[..]);
+    // Speculation changes no value: a lookup server on the same requests, and on a
+    // generation long enough to accept drafts (a repetitive prompt).
+    let lookup = Server::start(&pkg, &["--lookup"], true);
+    let (_, spec) = lookup.post("/v1/completions", &request(1));
+    assert_eq!(
+        spec["choices"][0]["logprobs"],
+        one["choices"][0]["logprobs"]
+    );
+    let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": true, "logprobs": 5});
+    let (_, a) = s.post("/v1/completions", &body);
+    let (_, b) = lookup.post("/v1/completions", &body);
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
+    assert!(
+        b["timings"]["draft_n_accepted"].as_u64().unwrap() > 0,
+        "{}",
+        b["timings"]
+    );
+    let mut chat_body = chat("one two three one two three one two three", 24);
+    chat_body["logprobs"] = json!(true);
+    chat_body["top_logprobs"] = json!(4);
+    chat_body["ignore_eos"] = json!(true);
+    let (_, a) = s.post("/v1/chat/completions", &chat_body);
+    let (_, b) = lookup.post("/v1/chat/completions", &chat_body);
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
+}
+
 /// With `--parallel 4` the generating sessions share passes (continuous batching), and
 /// every answer is byte for byte the one the same request gets alone: greedy and seeded
 /// sampling, chat and completions, with and without prompt lookup, a request joining
@@ -1663,13 +2064,19 @@ fn shared_passes_answer_as_alone() {
                 json!({"prompt": [1, 40, 50, 60], "max_tokens": 60, "temperature": 0, "ignore_eos": true}),
             ),
             ("/v1/chat/completions", seeded),
+            // Log-probabilities (the prompt's too, run in full-logit passes) and the
+            // penalties are the same in shared passes.
+            (
+                "/v1/completions",
+                json!({"prompt": [1, 40, 50, 60, 70, 80, 90, 100], "max_tokens": 20, "temperature": 0.8, "seed": 7, "ignore_eos": true, "echo": true, "logprobs": 3, "repeat_penalty": 1.5, "presence_penalty": 0.5, "top_k": 20}),
+            ),
             // Started 150 ms after the others: joins their passes mid-stream.
             ("/v1/chat/completions", chat("The late one asks", 30)),
         ];
         let answer = |v: &Value| -> Value {
             match &v["choices"][0] {
-                c if c["message"].is_object() => c["message"].clone(),
-                c => c["text"].clone(),
+                c if c["message"].is_object() => json!([c["message"], c["logprobs"]]),
+                c => json!([c["text"], c["logprobs"]]),
             }
         };
         let alone: Vec<Value> = requests
@@ -1700,7 +2107,7 @@ fn shared_passes_answer_as_alone() {
             .map(|(i, (path, body))| {
                 let s = s.clone();
                 std::thread::spawn(move || {
-                    if i == 3 {
+                    if i == 4 {
                         std::thread::sleep(Duration::from_millis(150));
                     }
                     let (st, v) = s.post(path, &body);

@@ -170,3 +170,42 @@ fn bench_runs_adaptive_k_then_sweeps_k_for_a_draft() {
         .iter()
         .all(|r| r["text_equals_plain"] == true));
 }
+
+/// `--draft DIR --lookup` chains the two drafters: on a prompt that repeats itself, both
+/// propose rounds (lookup where the output copies, the draft elsewhere), and the text
+/// equals plain decoding's at the exact and the default precision.
+#[test]
+fn chained_lookup_and_draft_give_plain_text() {
+    let (_dir, target, draft) = reference_pair();
+    // A prompt whose second half repeats its first: lookup finds matches.
+    let prompt = "1,17,300,42,7,255,3,99,128,64,1,17,300,42,7,255,3,99,128,64,1,17,300";
+    for precision in ["f32", "q8x2"] {
+        let run = |args: &[&str]| {
+            let mut cmd = onebit();
+            cmd.args(["run", "--prompt-tokens", prompt])
+                .args(["--max-tokens", "64", "--ignore-eos", "--json"])
+                .args(["--precision", precision, "--model"])
+                .arg(&target)
+                .args(args);
+            cmd
+        };
+        let plain = json_of(run(&[]).output().unwrap());
+        let chained = json_of(
+            run(&["--lookup", "--fixed-k"])
+                .arg("--draft")
+                .arg(&draft)
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(chained["tokens"], plain["tokens"], "{precision}");
+        let s = &chained["speculative"];
+        assert_eq!(s["drafter"], "lookup+dflash");
+        let by = &s["rounds_by_drafter"];
+        let (lookup, dflash) = (
+            by["lookup"].as_u64().unwrap(),
+            by["dflash"].as_u64().unwrap(),
+        );
+        assert!(lookup > 0 && dflash > 0, "{precision}: {by}");
+        assert_eq!(lookup + dflash, s["rounds"].as_u64().unwrap(), "{s}");
+    }
+}

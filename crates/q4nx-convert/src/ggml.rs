@@ -259,6 +259,18 @@ mod tests {
         b[6 + 4] = 0x10;
         let v = dequantize(GgmlType::Q5_0, &b).unwrap();
         assert_eq!((v[20], v[4], v[0]), (2.0, -32.0, -32.0));
+        // Q5_1: d = 0.5, m = -3; element 3 has low nibble 7 and its high bit set
+        // (q = 23), element 19 the high nibble 2 and no high bit (q = 2).
+        let mut b = vec![0u8; 24];
+        b[0..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        b[2..4].copy_from_slice(&f16::from_f32(-3.0).to_le_bytes());
+        b[4..8].copy_from_slice(&(1u32 << 3).to_le_bytes());
+        b[8 + 3] = 7 | (2 << 4);
+        let v = dequantize(GgmlType::Q5_1, &b).unwrap();
+        assert_eq!(
+            (v[3], v[19], v[0]),
+            (0.5 * 23.0 - 3.0, 0.5 * 2.0 - 3.0, -3.0)
+        );
         // Q6_K: d = 1, scale 0 = 2, element 0: ql low nibble 5, qh bits 0 = 1 -> q = 21 - 32.
         let mut b = vec![0u8; 210];
         b[0] = 5;

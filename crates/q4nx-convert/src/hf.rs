@@ -1,7 +1,8 @@
 //! Hugging Face safetensors model directory → Q4NX, for users who start from HF
 //! checkpoints (and for the DFlash reference fixture's target).
 //!
-//! Llama/Qwen3 names are already FastFlowLM's. Every 2-D projection becomes q4_1 tiles
+//! Llama/Qwen3/Gemma 3 (`gemma3_text`) names are already FastFlowLM's; Gemma's norm gains
+//! stay transformers' `w` (the runtime multiplies by `1 + w`). Every 2-D projection becomes q4_1 tiles
 //! with the tile rule (lossless when the weights are q4_1-representable, within half a
 //! step otherwise); the embedding and 1-D tensors (norms) become BF16; a tied model
 //! gets `lm_head.weight` tiled from the embedding, as the GGUF path does.
@@ -30,11 +31,12 @@ pub fn convert_hf_dir(dir: &Path) -> Result<(ContainerWriter, Value, usize), Con
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
-        .unwrap_or("");
-    if !matches!(model_type, "llama" | "qwen3") {
+        .unwrap_or("")
+        .to_string();
+    if !matches!(model_type.as_str(), "llama" | "qwen3" | "gemma3_text") {
         return Err(ConvertError::UnsupportedArchitecture {
             path: label,
-            arch: model_type.into(),
+            arch: model_type.clone(),
         });
     }
     let weights_path = dir.join("model.safetensors");
@@ -65,7 +67,7 @@ pub fn convert_hf_dir(dir: &Path) -> Result<(ContainerWriter, Value, usize), Con
             return Err(ConvertError::UnknownTensor {
                 path: weights.path().into(),
                 tensor: t.name.into(),
-                arch: model_type.into(),
+                arch: model_type.clone(),
             });
         }
         has_head |= t.name == "lm_head.weight";
@@ -101,6 +103,16 @@ pub fn convert_hf_dir(dir: &Path) -> Result<(ContainerWriter, Value, usize), Con
             tiles,
         )?;
         count += 1;
+    }
+    let gemma = model_type == "gemma3_text";
+    let mut config = config;
+    if gemma && !has_head {
+        // Gemma's head is its embedding; the tiles above are a lossy 4-bit copy of it, so
+        // the runtime scores with the BF16 embedding (or its int8 copy) instead, as it
+        // does for a GGUF whose tied head was re-quantized.
+        if let Some(obj) = config.as_object_mut() {
+            obj.insert("q4nx_lm_head_source".into(), Value::from("requantized"));
+        }
     }
     Ok((writer, config, count))
 }

@@ -19,6 +19,11 @@
 //! - Llama q/k rows are un-permuted from ggml's rope order per head
 //!   (`(g p q) -> (g q p)` with `p = rope_dim / 2`, `q = 2`); Qwen3 needs none.
 //!
+//! Gemma 3 (no FastFlowLM reference output to match here): transformers' names, the
+//! norm gains stored as transformers' `w` (the GGUF holds llama.cpp's `1 + w`), every
+//! non-Q4 projection re-quantized (reported), the sliding-window geometry and Gemma's
+//! published chat template in the config (see `docs/formats.md`).
+//!
 //! Two deliberate departures, reported in [`ConvertReport::differences`]: Q8_0 tensors are
 //! re-quantized like every other non-Q4 type (the reference packs their int8 values
 //! as if they were 4-bit codes), and 2-D float projections become tiles (the reference
@@ -48,8 +53,10 @@ use q4nx_format::{
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConvertError {
-    /// Architecture '`arch`' is not supported (supported: llama, qwen3).
-    #[error("convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3)")]
+    /// Architecture '`arch`' is not supported (supported: llama, qwen3, gemma3).
+    #[error(
+        "convert: {path}: architecture '{arch}' is not supported (supported: llama, qwen3, gemma3)"
+    )]
     UnsupportedArchitecture {
         /// The file (or a label for bytes in memory).
         path: String,
@@ -109,6 +116,9 @@ pub enum Family {
     Llama,
     /// Qwen3.
     Qwen3,
+    /// Gemma 3 (text): four norms per layer, QK-norm, `(1 + w)` RMSNorm gains,
+    /// interleaved sliding-window layers.
+    Gemma3,
 }
 
 impl Family {
@@ -117,6 +127,7 @@ impl Family {
         match arch {
             "llama" => Some(Family::Llama),
             "qwen3" => Some(Family::Qwen3),
+            "gemma3" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -125,9 +136,24 @@ impl Family {
         match self {
             Family::Llama => "llama",
             Family::Qwen3 => "qwen3",
+            Family::Gemma3 => "gemma3",
         }
     }
 }
+
+/// Gemma 3's published chat template (the `<start_of_turn>` turns of the instruction-tuned
+/// checkpoints' `tokenizer_config.json`; a system turn is folded into the first user
+/// turn). A Gemma 3 GGUF without `tokenizer.chat_template` gets this one.
+pub const GEMMA3_CHAT_TEMPLATE: &str = include_str!("gemma3_chat_template.jinja");
+
+/// Every `sliding_window_pattern`-th layer of Gemma 3 attends globally, the others through
+/// the sliding window (llama.cpp and transformers fix the pattern at 6 for Gemma 3; the
+/// GGUF carries no key for it).
+pub const GEMMA3_SLIDING_WINDOW_PATTERN: u64 = 6;
+
+/// The rope base of Gemma 3's sliding-window layers (`rope_local_base_freq`; GGUF carries
+/// only the global base, and llama.cpp fixes the local one at 10000 as transformers does).
+pub const GEMMA3_LOCAL_ROPE_BASE: f64 = 10000.0;
 
 /// How one tensor is turned into Q4NX.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,11 +199,23 @@ fn map_name(family: Family, name: &str) -> Option<(String, Role)> {
         "ffn_up.weight" => ("mlp.up_proj.weight", proj),
         "ffn_down.weight" => ("mlp.down_proj.weight", proj),
         "attn_norm.weight" => ("input_layernorm.weight", Role::Vector),
+        // Gemma 3 norms the attention output before the residual add
+        // (`post_attention_norm`), then the MLP input (`ffn_norm`, transformers'
+        // `pre_feedforward_layernorm`), then the MLP output (`post_ffw_norm`).
+        "ffn_norm.weight" if family == Family::Gemma3 => {
+            ("pre_feedforward_layernorm.weight", Role::Vector)
+        }
+        "post_attention_norm.weight" if family == Family::Gemma3 => {
+            ("post_attention_layernorm.weight", Role::Vector)
+        }
+        "post_ffw_norm.weight" if family == Family::Gemma3 => {
+            ("post_feedforward_layernorm.weight", Role::Vector)
+        }
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Role::Vector),
-        "attn_q_norm.weight" if family == Family::Qwen3 => {
+        "attn_q_norm.weight" if family != Family::Llama => {
             ("self_attn.q_norm.weight", Role::Vector)
         }
-        "attn_k_norm.weight" if family == Family::Qwen3 => {
+        "attn_k_norm.weight" if family != Family::Llama => {
             ("self_attn.k_norm.weight", Role::Vector)
         }
         _ => return None,
@@ -236,7 +274,8 @@ impl<'a> GgufConverter<'a> {
                 .and_then(|v| v.as_u64())
         };
         let rope_half = match family {
-            Family::Qwen3 => 0,
+            // Qwen3 and Gemma 3 GGUFs keep transformers' rotate-half row order.
+            Family::Qwen3 | Family::Gemma3 => 0,
             Family::Llama => {
                 let heads = key_u64("attention.head_count");
                 let hidden = key_u64("embedding_length");
@@ -315,13 +354,15 @@ impl<'a> GgufConverter<'a> {
             .collect();
         let mut writer = ContainerWriter::new();
         let mut report = ConvertReport::default();
+        let mut differences = Vec::new();
         for r in results {
             let (c, difference) = r?;
             report.tensors += 1;
             report.bytes += c.data.len();
-            report.differences.extend(difference);
+            differences.extend(difference);
             writer.add(c.name, c.dtype, &c.shape, c.data)?;
         }
+        report.differences = group_differences(differences);
         Ok((writer, report))
     }
 
@@ -362,7 +403,21 @@ impl<'a> GgufConverter<'a> {
                         format!("a norm stored as {} is not supported", info.ggml_type),
                     ));
                 }
-                let values = dequant()?;
+                let mut values = dequant()?;
+                let mut difference = None;
+                if self.family == Family::Gemma3 && role == Role::Vector {
+                    // llama.cpp's converter stores Gemma's RMSNorm gains as `1 + w`
+                    // (its graph multiplies by the gain as is); the package holds
+                    // transformers' `w`, as a Hugging Face import does, and the runtime
+                    // multiplies by `1 + w`. The GGUF's `1 + w` came from bf16 `w` and
+                    // is exact in f32, so subtracting 1 gives `w` back exactly.
+                    for v in &mut values {
+                        *v -= 1.0;
+                    }
+                    difference = Some(format!(
+                        "{name}: Gemma norm gain stored as transformers' w (the GGUF holds 1 + w)"
+                    ));
+                }
                 let data = values
                     .iter()
                     .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
@@ -374,7 +429,7 @@ impl<'a> GgufConverter<'a> {
                         shape: info.shape(),
                         data,
                     },
-                    None,
+                    difference,
                 ))
             }
             Role::Projection { rope_rows } => {
@@ -484,6 +539,9 @@ impl<'a> GgufConverter<'a> {
                     })
                     .collect();
                 let difference = match other {
+                    GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if self.family == Family::Gemma3 => Some(format!(
+                        "{name}: {other} source re-quantized to Q4_1 tiles"
+                    )),
                     GgmlType::Q8_0 => Some(format!(
                         "{name}: Q8_0 source re-quantized to Q4_1 (the reference packs Q8_0 int8 values as 4-bit codes, which is wrong)"
                     )),
@@ -539,8 +597,8 @@ impl<'a> GgufConverter<'a> {
             .unwrap_or(0);
         let tied = g.tensor("output.weight").is_none();
         let mut config = json!({
-            "architectures": [match self.family { Family::Llama => "LlamaForCausalLM", Family::Qwen3 => "Qwen3ForCausalLM" }],
-            "model_type": arch,
+            "architectures": [match self.family { Family::Llama => "LlamaForCausalLM", Family::Qwen3 => "Qwen3ForCausalLM", Family::Gemma3 => "Gemma3ForCausalLM" }],
+            "model_type": match self.family { Family::Gemma3 => "gemma3_text", _ => arch },
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": need_u64("feed_forward_length")?,
@@ -569,11 +627,61 @@ impl<'a> GgufConverter<'a> {
         if tied && embed.is_some_and(|e| !matches!(e.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_1)) {
             obj.insert("q4nx_lm_head_source".into(), Value::from("requantized"));
         }
+        if self.family == Family::Gemma3 {
+            // An instruction-tuned Gemma ends its turn with `<end_of_turn>`, which its
+            // generation config lists beside EOS; the GGUF names only EOS.
+            let end_of_turn =
+                tokens.and_then(|t| t.iter().position(|v| v.as_str() == Some("<end_of_turn>")));
+            if let (Some(turn), Some(eos)) =
+                (end_of_turn, obj.get("eos_token_id").and_then(Value::as_u64))
+            {
+                if turn as u64 != eos {
+                    obj.insert("eos_token_id".into(), json!([eos, turn]));
+                }
+            }
+            let layers = need_u64("block_count")?;
+            let window = need_u64("attention.sliding_window")?;
+            // Layer i slides unless (i + 1) is a multiple of the pattern (transformers'
+            // `layer_types`; llama.cpp's swa pattern 6 for Gemma 3).
+            let layer_types: Vec<&str> = (0..layers)
+                .map(|i| match (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN {
+                    0 => "full_attention",
+                    _ => "sliding_attention",
+                })
+                .collect();
+            for (key, value) in [
+                ("hidden_activation", json!("gelu_pytorch_tanh")),
+                ("hidden_act", json!("gelu_pytorch_tanh")),
+                ("sliding_window", json!(window)),
+                (
+                    "sliding_window_pattern",
+                    json!(GEMMA3_SLIDING_WINDOW_PATTERN),
+                ),
+                ("layer_types", json!(layer_types)),
+                ("rope_local_base_freq", json!(GEMMA3_LOCAL_ROPE_BASE)),
+                // The attention scale is query_pre_attn_scalar^-0.5: llama.cpp scales by
+                // 1/sqrt(key_length) for every Gemma 3 but the 27B, which no GGUF key
+                // tells apart; the key length is what the published configs give.
+                ("query_pre_attn_scalar", json!(head_dim)),
+                ("final_logit_softcapping", Value::Null),
+                ("attn_logit_softcapping", Value::Null),
+            ] {
+                obj.insert(key.into(), value);
+            }
+        }
         if let Some(t) = g
             .metadata_value("tokenizer.chat_template")
             .and_then(|v| v.as_str())
         {
             obj.insert("chat_template".into(), Value::from(t));
+        } else if self.family == Family::Gemma3 {
+            obj.insert("chat_template".into(), Value::from(GEMMA3_CHAT_TEMPLATE));
+            // Read by `onebit convert`, which says on stderr that the template is the
+            // family's published one, not the file's.
+            obj.insert(
+                "q4nx_chat_template_source".into(),
+                Value::from("Gemma 3 published template"),
+            );
         }
         let mut source = BTreeMap::new();
         if let Some(n) = g.metadata_value("general.name").and_then(|v| v.as_str()) {
@@ -586,6 +694,40 @@ impl<'a> GgufConverter<'a> {
         );
         Ok(config)
     }
+}
+
+/// Per-tensor differences (`"name: reason"`) with one reason shared by more than three
+/// tensors become one line (`"N tensors (first, second, ...): reason"`), so a model whose
+/// every projection was re-quantized reports it once, not a hundred times.
+fn group_differences(lines: Vec<String>) -> Vec<String> {
+    let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
+    for line in lines {
+        let (name, reason) = match line.split_once(": ") {
+            Some((n, r)) => (n.to_string(), r.to_string()),
+            None => (String::new(), line),
+        };
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(name),
+            None => by_reason.push((reason, vec![name])),
+        }
+    }
+    let mut out = Vec::new();
+    for (reason, names) in by_reason {
+        if names.len() > 3 {
+            out.push(format!(
+                "{} tensors ({}, {}, ...): {reason}",
+                names.len(),
+                names[0],
+                names[1]
+            ));
+        } else {
+            out.extend(names.into_iter().map(|n| match n.is_empty() {
+                true => reason.clone(),
+                false => format!("{n}: {reason}"),
+            }));
+        }
+    }
+    out
 }
 
 /// GGUF stores f32; print the shortest decimal that reads back as the same f32
@@ -610,5 +752,60 @@ pub mod fuzzing {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma3_names_map_to_transformers_four_norms() {
+        let name = |n: &str| map_name(Family::Gemma3, n).map(|(hf, _)| hf);
+        assert_eq!(
+            name("blk.3.ffn_norm.weight").as_deref(),
+            Some("model.layers.3.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            name("blk.3.post_attention_norm.weight").as_deref(),
+            Some("model.layers.3.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            name("blk.3.post_ffw_norm.weight").as_deref(),
+            Some("model.layers.3.post_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            name("blk.0.attn_k_norm.weight").as_deref(),
+            Some("model.layers.0.self_attn.k_norm.weight")
+        );
+        // Gemma's q/k rows keep transformers' order; Llama's are un-permuted.
+        assert_eq!(
+            map_name(Family::Gemma3, "blk.0.attn_q.weight").map(|(_, r)| r),
+            Some(Role::Projection { rope_rows: false })
+        );
+        // Llama has no post-attention or post-MLP norm.
+        assert!(name("blk.0.post_ffw_norm.weight").is_some());
+        assert!(map_name(Family::Llama, "blk.0.post_ffw_norm.weight").is_none());
+        assert_eq!(
+            map_name(Family::Llama, "blk.0.ffn_norm.weight")
+                .map(|(hf, _)| hf)
+                .as_deref(),
+            Some("model.layers.0.post_attention_layernorm.weight")
+        );
+    }
+
+    #[test]
+    fn differences_shared_by_many_tensors_are_one_line() {
+        let lines: Vec<String> = (0..5)
+            .map(|i| format!("t{i}: Q5_0 source re-quantized"))
+            .chain(["x: other".to_string()])
+            .collect();
+        assert_eq!(
+            group_differences(lines),
+            vec![
+                "5 tensors (t0, t1, ...): Q5_0 source re-quantized".to_string(),
+                "x: other".to_string()
+            ]
+        );
     }
 }

@@ -57,7 +57,9 @@ fn unknown_architecture_is_refused_by_name() {
     let err = GgufConverter::new(&gguf).err().unwrap().to_string();
     assert!(
         err.starts_with("convert: ")
-            && err.ends_with("architecture 'gemma' is not supported (supported: llama, qwen3)"),
+            && err.ends_with(
+                "architecture 'gemma' is not supported (supported: llama, qwen3, gemma3)"
+            ),
         "{err}"
     );
 }

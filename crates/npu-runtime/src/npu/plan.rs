@@ -468,6 +468,12 @@ impl DispatchPlan {
     /// Builds the plan of one forward pass of `config` with `options`.
     pub fn build(config: &TargetConfig, options: &PlanOptions) -> crate::Result<DispatchPlan> {
         let c = config;
+        if c.family == crate::Family::Gemma3 {
+            // The plan has no ops for Gemma's extra norms, GeGLU or sliding windows yet.
+            return Err(crate::TargetError::Unsupported(
+                "npu plan: the gemma3 family runs on the CPU backend only (no NPU ops for its sliding windows, post-norms and GeGLU yet)".into(),
+            ));
+        }
         if options.max_rows == 0 {
             return Err(crate::TargetError::Unsupported(
                 "npu plan: max_rows must be at least 1".into(),

@@ -3,11 +3,13 @@
 //!
 //! # The bits
 //! For one query row and one query head, with `len` visible positions (row `i` of a pass
-//! starting at position `p0` sees `0..=p0 + i`), the result is fixed by these steps:
+//! starting at position `p0` sees `0..=p0 + i`; in a sliding-window layer only the last
+//! `w` of them, [`attention_window`]), the result is fixed by these steps:
 //! 1. `q' = q · (scale · log2 e)` (one f32 multiply per element; the softmax then works
 //!    in base 2).
 //! 2. The positions are cut into key blocks of [`BLOCK`] (a constant). For each block
-//!    `b`, in [`reference::block_partial`]:
+//!    `b` holding a visible position, in [`reference::block_partial_from`] (positions
+//!    before the window's start or past the row's own are invisible):
 //!    - `s_t = fma-chain over d = 0..head_dim of q'[d] · k_t[d]` (one accumulator per
 //!      position, starting at 0, `d` in order), times the key scale at q8;
 //!    - `m_b = max_t s_t + 0.0` (the `+ 0.0` makes a zero maximum `+0`);
@@ -217,32 +219,85 @@ pub fn attention_split(
     out: &mut [f32],
     split: Split,
 ) {
+    attention_window(
+        isa, layer, queries, n, p0, num_heads, scale, None, out, split,
+    )
+}
+
+/// Causal attention as [`attention_split`], but with `window = Some(w)` row `i` (at
+/// position `p = p0 + i`) sees only the last `w` positions up to itself,
+/// `p + 1 - w ..= p` (a sliding-window layer: transformers' mask keeps key `k` for
+/// query `q` when `q - w < k <= q`). `None` is plain causal attention. A row's bits
+/// depend on its query and the positions it sees alone, as for every other row.
+///
+/// # Panics
+/// If the shapes do not match, `w` is 0, or the layer holds fewer than `p0 + n` positions.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_window(
+    isa: Isa,
+    layer: &KvLayer,
+    queries: &[f32],
+    n: usize,
+    p0: usize,
+    num_heads: usize,
+    scale: f32,
+    window: Option<usize>,
+    out: &mut [f32],
+    split: Split,
+) {
     assert!(
         layer.len() >= p0 + n,
         "attention: the layer holds {} positions, the pass needs {}",
         layer.len(),
         p0 + n
     );
-    attention_visible(
-        isa,
-        layer,
-        queries,
-        n,
-        &|i| p0 + i + 1,
-        num_heads,
-        scale,
-        out,
-        split,
-    )
+    assert!(window != Some(0), "attention: a window of 0 positions");
+    let span = |i: usize| window_span(p0 + i + 1, window);
+    attention_span(isa, layer, queries, n, &span, num_heads, scale, out, split)
 }
 
-/// One row's query heads of one kv head over its `visible` positions, block after block
-/// with the partials combined as they come (online softmax), into `out` (`group ×
-/// head_dim`). The task of [`Split::Rows`] and of [`attention_many`].
+/// The positions `start..end` a row at position `end - 1` sees through `window`.
+fn window_span(end: usize, window: Option<usize>) -> (usize, usize) {
+    (window.map_or(0, |w| end.saturating_sub(w)), end)
+}
+
+/// The key blocks of a row seeing `start..end`: `start / BLOCK .. ceil(end / BLOCK)`.
+fn blocks_of((start, end): (usize, usize)) -> (usize, usize) {
+    (start / BLOCK, end.div_ceil(BLOCK))
+}
+
+/// Block `b`'s partial for a row seeing `start..end`: positions
+/// `max(start, b·BLOCK) .. min(end, (b+1)·BLOCK)` count. A block whose first counted
+/// position is not its first (a window starting inside it) runs
+/// [`reference::block_partial_from`]; every variant equals it where the cut is 0.
+#[allow(clippy::too_many_arguments)]
+fn span_partial(
+    k: &Kernels,
+    view: &KvHeadView<'_>,
+    b: usize,
+    (start, end): (usize, usize),
+    q: &[f32],
+    group: usize,
+    dst: &mut [f32],
+) {
+    let vis = (end - b * BLOCK).min(BLOCK);
+    let from = start.saturating_sub(b * BLOCK);
+    if from == 0 {
+        // SAFETY: `kernels` chose variants the detected `isa` allows.
+        unsafe { (k.block)(view, b, vis, q, group, dst) };
+    } else {
+        reference::block_partial_from(view, b, from, vis, q, group, dst);
+    }
+}
+
+/// One row's query heads of one kv head over the positions `span` (`start..end`), block
+/// after block from the first with the partials combined as they come (online softmax),
+/// into `out` (`group × head_dim`). The task of [`Split::Rows`] and of
+/// [`attention_many`].
 fn row_head_online(
     k: &Kernels,
     view: &KvHeadView<'_>,
-    visible: usize,
+    span: (usize, usize),
     q: &[f32],
     group: usize,
     hd: usize,
@@ -251,12 +306,11 @@ fn row_head_online(
     let pl = partial_len(hd);
     let mut state = vec![0f32; group * pl];
     let mut part = vec![0f32; group * pl];
-    for b in 0..visible.div_ceil(BLOCK) {
-        let dst = if b == 0 { &mut state } else { &mut part };
-        let vis = (visible - b * BLOCK).min(BLOCK);
-        // SAFETY: `kernels` chose variants the detected `isa` allows.
-        unsafe { (k.block)(view, b, vis, q, group, dst) };
-        if b > 0 {
+    let (b0, b1) = blocks_of(span);
+    for b in b0..b1 {
+        let dst = if b == b0 { &mut state } else { &mut part };
+        span_partial(k, view, b, span, q, group, dst);
+        if b > b0 {
             for (s, p) in state.chunks_exact_mut(pl).zip(part.chunks_exact(pl)) {
                 // SAFETY: as above.
                 unsafe { (k.combine)(s, p) };
@@ -277,6 +331,8 @@ pub struct SequenceRows<'a> {
     pub rows: std::ops::Range<usize>,
     /// The position of its first row.
     pub p0: usize,
+    /// A sliding-window layer's window ([`attention_window`]); `None`: causal.
+    pub window: Option<usize>,
 }
 
 /// Causal [`attention`] of several sequences' rows in one parallel region (a pass
@@ -306,7 +362,18 @@ pub fn attention_many(
             &queries[rows.start * width..rows.end * width],
             &mut out[rows.start * width..rows.end * width],
         );
-        return attention(isa, one.layer, q, rows.len(), one.p0, num_heads, scale, o);
+        return attention_window(
+            isa,
+            one.layer,
+            q,
+            rows.len(),
+            one.p0,
+            num_heads,
+            scale,
+            one.window,
+            o,
+            Split::Auto,
+        );
     }
     let mut owner = Vec::new();
     for (j, s) in sequences.iter().enumerate() {
@@ -325,6 +392,7 @@ pub fn attention_many(
             s.layer.len(),
             s.p0 + s.rows.len()
         );
+        assert!(s.window != Some(0), "attention: a window of 0 positions");
         owner.resize(s.rows.end, j);
     }
     let n = owner.len();
@@ -346,12 +414,12 @@ pub fn attention_many(
         let (i, kh) = (idx / kvh, idx % kvh);
         let j = owner[i];
         let s = &sequences[j];
-        let visible = s.p0 + (i - s.rows.start) + 1;
+        let span = window_span(s.p0 + (i - s.rows.start) + 1, s.window);
         let at = (i * num_heads + kh * group) * hd;
         row_head_online(
             &k,
             &views[j][kh],
-            visible,
+            span,
             &q[at..at + group * hd],
             group,
             hd,
@@ -380,6 +448,31 @@ pub fn attention_visible(
     out: &mut [f32],
     split: Split,
 ) {
+    let span = |i: usize| (0, visible(i));
+    attention_span(isa, layer, queries, n, &span, num_heads, scale, out, split)
+}
+
+/// Attention of `n` query rows where row `i` sees positions `start..end` of `layer`,
+/// `(start, end) = span(i)` (`start < end <= layer.len()`). Its key blocks are those
+/// from `start / BLOCK` to the one holding `end - 1`, combined in order from the first;
+/// in the first block only the positions from `start` on count
+/// ([`reference::block_partial_from`], which equals every variant where it starts at
+/// the block's first position).
+///
+/// # Panics
+/// If the shapes do not match or a row's span is empty or past the layer's end.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_span(
+    isa: Isa,
+    layer: &KvLayer,
+    queries: &[f32],
+    n: usize,
+    span: &(dyn Fn(usize) -> (usize, usize) + Sync),
+    num_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    split: Split,
+) {
     let (kvh, hd) = (layer.kv_heads(), layer.head_dim());
     assert!(
         kvh > 0 && num_heads.is_multiple_of(kvh),
@@ -392,10 +485,11 @@ pub fn attention_visible(
     );
     assert_eq!(out.len(), n * num_heads * hd, "attention: output shape");
     for i in 0..n {
-        let v = visible(i);
+        let (start, end) = span(i);
         assert!(
-            (1..=layer.len()).contains(&v),
-            "attention: row {i} sees {v} positions of a layer of {}",
+            start < end && end <= layer.len(),
+            "attention: row {i} sees {} positions ({start}..{end}) of a layer of {}",
+            end.saturating_sub(start),
             layer.len()
         );
     }
@@ -407,7 +501,13 @@ pub fn attention_visible(
     let q: Vec<f32> = queries.iter().map(|&v| v * factor).collect();
     let k = kernels(isa, hd);
     let pl = partial_len(hd);
-    let max_blocks = (0..n).map(visible).max().unwrap_or(1).div_ceil(BLOCK);
+    let max_blocks = (0..n)
+        .map(|i| {
+            let (b0, b1) = blocks_of(span(i));
+            b1 - b0
+        })
+        .max()
+        .unwrap_or(1);
     let split = match split {
         Split::Auto => {
             let threads = crate::team::current_threads();
@@ -431,7 +531,7 @@ pub fn attention_visible(
         Split::Auto | Split::Rows => {
             crate::team::for_each_chunk(out, group * hd, |idx, o| {
                 let (i, kh) = (idx / kvh, idx % kvh);
-                row_head_online(&k, &views[kh], visible(i), qs(i, kh), group, hd, o);
+                row_head_online(&k, &views[kh], span(i), qs(i, kh), group, hd, o);
             });
         }
         Split::Blocks { per } => {
@@ -442,19 +542,18 @@ pub fn attention_visible(
             crate::team::for_each_chunk(&mut scratch, task_len, |idx, dst| {
                 let (row_head, c) = (idx / chunks, idx % chunks);
                 let (i, kh) = (row_head / kvh, row_head % kvh);
-                let visible = visible(i);
-                let blocks = visible.div_ceil(BLOCK);
-                for (j, b) in (c * per..((c + 1) * per).min(blocks)).enumerate() {
-                    let vis = (visible - b * BLOCK).min(BLOCK);
+                let (b0, b1) = blocks_of(span(i));
+                // Task c holds the row's blocks b0 + c·per .. (relative indices).
+                for (j, r) in (c * per..((c + 1) * per).min(b1 - b0)).enumerate() {
                     let part = &mut dst[j * group * pl..(j + 1) * group * pl];
-                    // SAFETY: `kernels` chose variants the detected `isa` allows.
-                    unsafe { (k.block)(&views[kh], b, vis, qs(i, kh), group, part) };
+                    span_partial(&k, &views[kh], b0 + r, span(i), qs(i, kh), group, part);
                 }
             });
             let per_row_head = chunks * task_len;
             crate::team::for_each_chunk(out, group * hd, |idx, o| {
                 let i = idx / kvh;
-                let blocks = visible(i).div_ceil(BLOCK);
+                let (b0, b1) = blocks_of(span(i));
+                let blocks = b1 - b0;
                 let parts = &scratch[idx * per_row_head..(idx + 1) * per_row_head];
                 let at = |b: usize, g: usize| (b * group + g) * pl;
                 for (g, o) in o.chunks_exact_mut(hd).enumerate() {

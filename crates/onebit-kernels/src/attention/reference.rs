@@ -48,24 +48,40 @@ pub fn block_partial(
     group: usize,
     out: &mut [f32],
 ) {
+    block_partial_from(view, block, 0, visible, queries, group, out)
+}
+
+/// [`block_partial`] where only positions `from..visible` of the block count (a
+/// sliding window that starts inside the block): the positions before `from` are
+/// invisible exactly as those past `visible` are (score `-inf`, weight 0, adding 0 to
+/// their lane), so with `from == 0` this is [`block_partial`] itself.
+pub fn block_partial_from(
+    view: &KvHeadView<'_>,
+    block: usize,
+    from: usize,
+    visible: usize,
+    queries: &[f32],
+    group: usize,
+    out: &mut [f32],
+) {
     let hd = view.head_dim;
     let t0 = block * BLOCK;
-    assert!((1..=BLOCK).contains(&visible) && t0 + visible <= view.len);
+    assert!((1..=BLOCK).contains(&visible) && t0 + visible <= view.len && from < visible);
     for g in 0..group {
         let q = &queries[g * hd..(g + 1) * hd];
         let mut s = [f32::NEG_INFINITY; BLOCK];
-        for (j, sj) in s.iter_mut().enumerate().take(visible) {
+        for (j, sj) in s.iter_mut().enumerate().take(visible).skip(from) {
             *sj = score(view, q, t0 + j);
         }
         let mut m = f32::NEG_INFINITY;
-        for &sj in &s[..visible] {
+        for &sj in &s[from..visible] {
             if sj > m {
                 m = sj;
             }
         }
         m += 0.0;
         let mut p = [0f32; BLOCK];
-        for (pj, &sj) in p.iter_mut().zip(&s).take(visible) {
+        for (pj, &sj) in p.iter_mut().zip(&s).take(visible).skip(from) {
             *pj = exp2(sj - m);
         }
         let part = &mut out[g * partial_len(hd)..(g + 1) * partial_len(hd)];
@@ -73,7 +89,7 @@ pub fn block_partial(
         part[1] = lane_sum(&p);
         let acc = &mut part[2..];
         acc.fill(0.0);
-        for (j, &pj) in p.iter().enumerate().take(visible) {
+        for (j, &pj) in p.iter().enumerate().take(visible).skip(from) {
             let t = t0 + j;
             let w = if view.value_scales.is_empty() {
                 pj

@@ -4,7 +4,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
-use onebit_engine::{Completion, Message, Prompt, StopReason};
+use onebit_engine::{
+    Completion, Engine, Message, Prompt, SamplingConfig, StopReason, TokenLogprob, MAX_TOP_LOGPROBS,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -210,6 +212,11 @@ pub struct OpenAiRequest {
     pub response_format: Option<Value>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// Extensions (llama-server's, vLLM's): top-k, min-p and llama.cpp's repeat penalty.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
     pub logit_bias: Option<Value>,
     pub echo: Option<bool>,
     pub best_of: Option<u64>,
@@ -222,6 +229,12 @@ pub struct OllamaOptions {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<i64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub num_predict: Option<i64>,
     pub stop: Option<Vec<String>>,
 }
@@ -236,6 +249,10 @@ pub struct OllamaRequest {
     pub stream: Option<bool>,
     pub raw: Option<bool>,
     pub options: Option<OllamaOptions>,
+    /// Ollama's log-probabilities of the generated tokens (and `top_logprobs`
+    /// alternatives), in the shape of OpenAI's chat `logprobs.content`.
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
     pub tools: Option<Value>,
     pub format: Option<Value>,
     /// How long the model stays loaded after the request: a number of seconds or a Go
@@ -420,6 +437,11 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Ollama's `keep_alive: 0`: the sessions forget their cached prompts afterwards.
     pub unload: bool,
+    /// `Some(n)`: report log-probabilities with `n` alternatives a token.
+    pub logprobs: Option<usize>,
+    /// `/v1/completions`' `echo`: the answer's text (and, with `logprobs`, its
+    /// log-probabilities) starts with the prompt.
+    pub echo: bool,
 }
 
 fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
@@ -499,25 +521,108 @@ fn fresh_seed() -> i64 {
     (rand::random::<u64>() >> 11) as i64
 }
 
-fn sampling(
+/// A request's sampling fields, before defaults.
+#[derive(Default)]
+struct SamplingFields {
     temperature: Option<f32>,
     top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+}
+
+/// The sampling parameters of a request's fields over `defaults`, each checked, a
+/// refusal naming the field (`prefix` + its name, e.g. `options.top_k`).
+fn sampling(
+    f: SamplingFields,
+    defaults: SamplingConfig,
     seed: i64,
-) -> Result<mtp::SamplingConfig, ApiError> {
-    let config = mtp::SamplingConfig {
-        temperature: temperature.unwrap_or(1.0),
-        top_p: top_p.unwrap_or(1.0),
+    prefix: &str,
+) -> Result<SamplingConfig, ApiError> {
+    let top_k = match f.top_k {
+        None => defaults.top_k,
+        Some(k) => usize::try_from(k).map_err(|_| {
+            ApiError::invalid(
+                Some(&format!("{prefix}top_k")),
+                format!("sampling: top_k must be an integer >= 0 (0 keeps every token), got {k}"),
+            )
+        })?,
+    };
+    let repeat_last_n = match f.repeat_last_n {
+        None => defaults.repeat_last_n,
+        // llama.cpp's and Ollama's convention: -1 is the whole context.
+        Some(-1) => usize::MAX,
+        Some(n) => usize::try_from(n).map_err(|_| {
+            ApiError::invalid(
+                Some(&format!("{prefix}repeat_last_n")),
+                format!("sampling: repeat_last_n must be an integer >= 0, or -1 for the whole context, got {n}"),
+            )
+        })?,
+    };
+    let config = SamplingConfig {
+        temperature: f.temperature.unwrap_or(defaults.temperature),
+        top_p: f.top_p.unwrap_or(defaults.top_p),
         // Negative seeds (other than -1) are accepted as given, by their bits.
         seed: seed as u64,
+        top_k,
+        min_p: f.min_p.unwrap_or(defaults.min_p),
+        repeat_penalty: f.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        repeat_last_n,
+        presence_penalty: f.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: f.frequency_penalty.unwrap_or(defaults.frequency_penalty),
     };
     config.check().map_err(|e| {
-        let param = match e {
-            mtp::SamplingError::Temperature(_) => "temperature",
-            mtp::SamplingError::TopP(_) => "top_p",
-        };
-        ApiError::invalid(Some(param), e.to_string())
+        ApiError::invalid(Some(&format!("{prefix}{}", e.parameter())), e.to_string())
     })?;
     Ok(config)
+}
+
+/// `top_logprobs` (or `/v1/completions`' integer `logprobs`): 0..=20 alternatives.
+fn top_logprobs(v: &Value, field: &str) -> Result<usize, ApiError> {
+    v.as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n <= MAX_TOP_LOGPROBS)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                Some(field),
+                format!("'{field}' must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {v}"),
+            )
+        })
+}
+
+/// The log-probabilities an OpenAI request asks for: on chat, `logprobs: true` and
+/// `top_logprobs: N`; on completions, `logprobs: N` (legacy; `true` counts as 0).
+fn openai_logprobs(
+    logprobs: Option<&Value>,
+    top: Option<&Value>,
+    chat: bool,
+) -> Result<Option<usize>, ApiError> {
+    let top = top.filter(|v| !v.is_null());
+    let on = match logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(0),
+        Some(v) if !chat => Some(top_logprobs(v, "logprobs")?),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                Some("logprobs"),
+                format!("'logprobs' must be true or false on chat completions (the count goes in 'top_logprobs'), got {v}"),
+            ))
+        }
+    };
+    match (on, top) {
+        (_, None) => Ok(on),
+        (Some(base), Some(t)) => Ok(Some(top_logprobs(t, "top_logprobs")?.max(base))),
+        (None, Some(t)) => {
+            top_logprobs(t, "top_logprobs")?;
+            Err(ApiError::invalid(
+                Some("top_logprobs"),
+                "'top_logprobs' needs 'logprobs': true",
+            ))
+        }
+    }
 }
 
 /// Token ids given as JSON numbers (`field[i]`), refusing any that does not fit the
@@ -571,18 +676,7 @@ impl Job {
                 .as_ref()
                 .is_some_and(|t| !t.is_null() && t != "none"),
         )?;
-        refuse_set(
-            "logprobs",
-            r.logprobs
-                .as_ref()
-                .is_some_and(|v| !v.is_null() && v != false && v != 0),
-        )?;
-        refuse_set(
-            "top_logprobs",
-            r.top_logprobs
-                .as_ref()
-                .is_some_and(|v| !v.is_null() && v != 0),
-        )?;
+        let logprobs = openai_logprobs(r.logprobs.as_ref(), r.top_logprobs.as_ref(), chat)?;
         refuse_set(
             "response_format",
             r.response_format
@@ -590,20 +684,14 @@ impl Job {
                 .is_some_and(|v| !v.is_null() && v.get("type").is_none_or(|t| t != "text")),
         )?;
         refuse_set(
-            "presence_penalty",
-            r.presence_penalty.is_some_and(|p| p != 0.0),
-        )?;
-        refuse_set(
-            "frequency_penalty",
-            r.frequency_penalty.is_some_and(|p| p != 0.0),
-        )?;
-        refuse_set(
             "logit_bias",
             r.logit_bias
                 .as_ref()
                 .is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())),
         )?;
-        refuse_set("echo", r.echo == Some(true))?;
+        // `echo` is a completions field: a chat has no prompt text to echo.
+        refuse_set("echo", chat && r.echo == Some(true))?;
+        let echo = !chat && r.echo == Some(true);
         refuse_set("best_of", r.best_of.is_some_and(|b| b != 1))?;
         refuse_set("suffix", r.suffix.as_ref().is_some_and(|v| !v.is_null()))?;
         let (route, prompt) = if chat {
@@ -617,6 +705,18 @@ impl Job {
                     Some(Value::String(s)) => Prompt::Text(s),
                     Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
                         Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
+                    }
+                    // A batch of one tokenized prompt (what lm-evaluation-harness sends).
+                    Some(Value::Array(a))
+                        if a.len() == 1
+                            && a[0]
+                                .as_array()
+                                .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_u64)) =>
+                    {
+                        Prompt::Tokens(token_ids(
+                            a[0].as_array().map_or(&[], Vec::as_slice),
+                            "prompt[0]",
+                        )?)
                     }
                     Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
                         Prompt::Tokens(token_ids(&a, "prompt")?)
@@ -635,10 +735,11 @@ impl Job {
         } else {
             "max_tokens"
         };
-        if max_tokens == Some(0) {
+        // With `echo`, 0 asks for the prompt's log-probabilities alone (lm-evaluation-harness).
+        if max_tokens == Some(0) && !echo {
             return Err(ApiError::invalid(
                 Some(name),
-                format!("'{name}' must be at least 1"),
+                format!("'{name}' must be at least 1 (0 only with 'echo': true)"),
             ));
         }
         let stop = r.stop.map(StopField::list).unwrap_or_default();
@@ -649,6 +750,14 @@ impl Job {
             ));
         }
         let stream = r.stream.unwrap_or(false);
+        if echo && stream {
+            // The prompt's log-probabilities come with the finished answer, and an
+            // echo sent after the generated text would read out of order.
+            return Err(ApiError::invalid(
+                Some("echo"),
+                "'echo' is not supported with 'stream': true (send stream: false)",
+            ));
+        }
         let seed = request_seed(r.seed);
         Ok(Job {
             route,
@@ -658,13 +767,32 @@ impl Job {
             // not fitting the context.
             max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             max_tokens_field: name,
-            sampling: sampling(r.temperature, r.top_p, seed)?,
+            sampling: sampling(
+                SamplingFields {
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    top_k: r.top_k,
+                    min_p: r.min_p,
+                    repeat_penalty: r.repeat_penalty,
+                    repeat_last_n: r.repeat_last_n,
+                    presence_penalty: r.presence_penalty,
+                    frequency_penalty: r.frequency_penalty,
+                },
+                SamplingConfig {
+                    temperature: 1.0,
+                    ..SamplingConfig::default()
+                },
+                seed,
+                "",
+            )?,
             seed,
             stop,
             stream,
             include_usage: r.stream_options.is_some_and(|o| o.include_usage),
             ignore_eos: r.ignore_eos.unwrap_or(false),
             unload: false,
+            logprobs,
+            echo,
         })
     }
 
@@ -721,6 +849,16 @@ impl Job {
             };
             (Route::OllamaGenerate, prompt)
         };
+        let logprobs = match (r.logprobs, r.top_logprobs) {
+            (Some(true), n) => Some(top_logprobs(&json!(n.unwrap_or(0)), "top_logprobs")?),
+            (_, Some(n)) if n != 0 => {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "'top_logprobs' needs 'logprobs': true",
+                ))
+            }
+            _ => None,
+        };
         let o = r.options.unwrap_or_default();
         let max_tokens = match o.num_predict {
             None => None,
@@ -740,15 +878,106 @@ impl Job {
             prompt,
             max_tokens,
             max_tokens_field: "options.num_predict",
-            sampling: sampling(o.temperature.or(Some(0.8)), o.top_p.or(Some(0.9)), seed)?,
+            sampling: sampling(
+                SamplingFields {
+                    temperature: o.temperature,
+                    top_p: o.top_p,
+                    top_k: o.top_k,
+                    min_p: o.min_p,
+                    repeat_penalty: o.repeat_penalty,
+                    repeat_last_n: o.repeat_last_n,
+                    presence_penalty: o.presence_penalty,
+                    frequency_penalty: o.frequency_penalty,
+                },
+                OLLAMA_DEFAULTS,
+                seed,
+                "options.",
+            )?,
             seed,
             stop: o.stop.unwrap_or_default(),
             stream: r.stream.unwrap_or(true),
             include_usage: true,
             ignore_eos: false,
             unload,
+            logprobs,
+            echo: false,
         }))
     }
+}
+
+/// Ollama's defaults for the options a request leaves out: temperature 0.8, top_p 0.9,
+/// top_k 40. No repeat penalty: Ollama's own engine (`ollamarunner`, which serves most
+/// models since 0.6) applies none unless asked, though its docs list 1.1 (what its
+/// llama.cpp runner applies); a temperature-0 answer then stays the model's argmax.
+const OLLAMA_DEFAULTS: SamplingConfig = SamplingConfig {
+    temperature: 0.8,
+    top_p: 0.9,
+    seed: 0,
+    top_k: 40,
+    min_p: 0.0,
+    repeat_penalty: 1.0,
+    repeat_last_n: 64,
+    presence_penalty: 0.0,
+    frequency_penalty: 0.0,
+};
+
+/// A token as logprobs answers show it: its bytes as text (lossy: a token holding part of
+/// a UTF-8 sequence shows U+FFFD; `bytes` carries the truth) and the bytes.
+fn token_text(engine: &Engine, id: u32) -> (String, Vec<u8>) {
+    let bytes = engine.token_bytes(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// One entry of OpenAI's chat `logprobs.content` (also Ollama's `logprobs`).
+fn chat_entry(engine: &Engine, lp: &TokenLogprob) -> Value {
+    let (token, bytes) = token_text(engine, lp.token);
+    let top: Vec<Value> = lp
+        .top
+        .iter()
+        .map(|&(id, logprob)| {
+            let (token, bytes) = token_text(engine, id);
+            json!({"token": token, "logprob": logprob, "bytes": bytes})
+        })
+        .collect();
+    json!({"token": token, "logprob": lp.logprob, "bytes": bytes, "top_logprobs": top})
+}
+
+/// The entries of OpenAI's chat `logprobs.content` (and Ollama's `logprobs`).
+pub fn chat_entries(engine: &Engine, lps: &[TokenLogprob]) -> Vec<Value> {
+    lps.iter().map(|lp| chat_entry(engine, lp)).collect()
+}
+
+/// `/v1/completions`' legacy `logprobs` object over `(token, logprob)` pairs (`None`:
+/// the prompt's first token, which nothing predicts: null). `offset` is the character
+/// offset of the first token's text in the answer's `text`, advanced past the last.
+pub fn legacy_logprobs(
+    engine: &Engine,
+    entries: &[(u32, Option<&TokenLogprob>)],
+    offset: &mut usize,
+) -> Value {
+    let (mut tokens, mut logprobs, mut tops, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &(id, lp) in entries {
+        let (text, _) = token_text(engine, id);
+        offsets.push(*offset);
+        *offset = offset.saturating_add(text.chars().count());
+        tokens.push(text);
+        match lp {
+            None => {
+                logprobs.push(Value::Null);
+                tops.push(Value::Null);
+            }
+            Some(lp) => {
+                logprobs.push(json!(lp.logprob));
+                let mut top = serde_json::Map::new();
+                for &(alt, v) in &lp.top {
+                    top.entry(token_text(engine, alt).0).or_insert(json!(v));
+                }
+                tops.push(Value::Object(top));
+            }
+        }
+    }
+    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
 }
 
 /// Seconds since the epoch.

@@ -47,9 +47,9 @@ pub struct ServeArgs {
     /// The target package directory (config.json, model.q4nx, tokenizer.json).
     pub model_dir: PathBuf,
     /// A DFlash draft package: decode speculatively (same text as without it).
-    #[arg(long, conflicts_with = "lookup")]
+    #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Prompt-lookup drafting (no model).
+    /// Prompt-lookup drafting (no model); with --draft, chained with the draft.
     #[arg(long)]
     pub lookup: bool,
     /// Drafts verified per round at most (k).
@@ -239,13 +239,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         device: 0,
     };
     let mut config = target.engine_config()?;
-    config.drafter = match &args.draft {
-        Some(dir) => DrafterConfig::DFlash { dir: dir.clone() },
-        None if args.lookup => DrafterConfig::Lookup {
-            ngram: mtp::DEFAULT_MAX_NGRAM,
-        },
-        None => DrafterConfig::None,
-    };
+    config.drafter =
+        DrafterConfig::from_flags(args.draft.as_deref(), args.lookup, mtp::DEFAULT_MAX_NGRAM);
     config.draft_max = args.draft_max;
     config.share_passes = args.parallel > 1 && !args.no_shared_passes;
     config.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
@@ -320,11 +315,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let (package_bytes, modified, digest) = package_facts(&config.model);
                 let ctx = engine.ctx_len().unwrap_or(0);
-                let drafter = match &config.drafter {
-                    DrafterConfig::None => "none".to_string(),
-                    DrafterConfig::Lookup { .. } => "lookup".to_string(),
-                    DrafterConfig::DFlash { dir } => format!("dflash {}", dir.display()),
-                };
+                let drafter = config.drafter.describe();
                 let info = engine.info().clone();
                 let _ = app.ready.set(Ready {
                     parallel,
@@ -862,8 +853,20 @@ impl Drop for Waiting<'_> {
 
 /// What the generation thread sends a streaming response.
 enum Msg {
-    Piece(String),
+    /// Text released, and (asked for) the log-probabilities of the tokens behind it in
+    /// the route's shape.
+    Piece(String, Option<Value>),
+    /// For a whole answer, before `Done`: the echoed prompt text and the answer's
+    /// log-probabilities in the route's shape (built here, where the tokenizer is).
+    Extra(Box<Extra>),
     Done(Box<Result<Completion, EngineError>>),
+}
+
+/// What a whole answer adds to its completion.
+#[derive(Default)]
+struct Extra {
+    echo: Option<String>,
+    logprobs: Option<Value>,
 }
 
 /// Parses, checks and queues one generation request, then answers it (streaming or not).
@@ -954,7 +957,8 @@ fn prepare_blocking(app: &App, bytes: &[u8], route: Route) -> Result<Prepared, A
     let ctx = engine.ctx_len().unwrap_or(usize::MAX);
     let max_tokens = job.max_tokens.unwrap_or(ctx.saturating_sub(ids.len()));
     // Saturating: max_tokens may be anything up to 2^64 - 1.
-    if ids.len().saturating_add(max_tokens) > ctx || max_tokens == 0 {
+    // 0 tokens is a request of its own only with echo (the prompt's log-probabilities).
+    if ids.len().saturating_add(max_tokens) > ctx || (max_tokens == 0 && !job.echo) {
         let name = job.max_tokens_field;
         let mut e = ApiError::invalid(
             Some(name),
@@ -969,12 +973,13 @@ fn prepare_blocking(app: &App, bytes: &[u8], route: Route) -> Result<Prepared, A
         return Err(e);
     }
     let request = Request {
-        prompt: Prompt::Tokens(ids),
-        max_tokens,
         sampling: job.sampling,
         stop: job.stop.clone(),
         ignore_eos: job.ignore_eos,
         draft: DraftMode::Auto,
+        logprobs: job.logprobs,
+        prompt_logprobs: job.echo && job.logprobs.is_some(),
+        ..Request::new(Prompt::Tokens(ids), max_tokens)
     };
     Ok(Prepared::Generate(Box::new(job), request))
 }
@@ -1092,21 +1097,44 @@ async fn run_job(
     // Only a stream needs the pieces: a whole answer's handler is woken once, at the end.
     let stream = job.stream;
     let unload = job.unload;
+    let (logprobs, echo) = (job.logprobs.is_some(), job.echo);
     let worker = {
         let app = app.clone();
         let cancel = cancel.clone();
         tokio::task::spawn_blocking(move || {
             let mut session = session;
+            let engine = session.engine().clone();
+            // Streamed log-probabilities of tokens whose text is not released yet, and
+            // the legacy shape's running text offset.
+            let mut pending: Vec<onebit_engine::TokenLogprob> = Vec::new();
+            let mut offset = 0usize;
+            let shaped = |lps: &mut Vec<onebit_engine::TokenLogprob>, offset: &mut usize| {
+                if lps.is_empty() {
+                    return None;
+                }
+                let v = stream_logprobs(&engine, route, lps, offset);
+                lps.clear();
+                Some(v)
+            };
             let mut sink = |e: Event<'_>| {
-                let text = match e {
-                    Event::Token { text, .. } | Event::Text(text) => text,
+                let (text, lp) = match e {
+                    Event::Token { text, logprob, .. } => (text, logprob),
+                    Event::Text(text) => (text, None),
                 };
+                if let (true, Some(lp)) = (stream, lp) {
+                    pending.push(lp.clone());
+                }
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
                 if stream
                     && !text.is_empty()
-                    && tx.blocking_send(Msg::Piece(text.to_string())).is_err()
+                    && tx
+                        .blocking_send(Msg::Piece(
+                            text.to_string(),
+                            shaped(&mut pending, &mut offset),
+                        ))
+                        .is_err()
                 {
                     return std::ops::ControlFlow::Break(());
                 }
@@ -1134,6 +1162,17 @@ async fn run_job(
                     Err(EngineError::Internal("the generation panicked".into()))
                 }
             };
+            // Log-probabilities of tokens whose text never came out (cut by a stop
+            // string) close the stream; a whole answer gets its extras here.
+            if let Some(v) = shaped(&mut pending, &mut offset) {
+                let _ = tx.blocking_send(Msg::Piece(String::new(), Some(v)));
+            }
+            if let (false, Ok(c)) = (stream, &result) {
+                if logprobs || echo {
+                    let extra = whole_extra(ready, route, &request, c, logprobs, echo);
+                    let _ = tx.blocking_send(Msg::Extra(Box::new(extra)));
+                }
+            }
             match &result {
                 Ok(c) => {
                     app.metrics.generated(c);
@@ -1179,6 +1218,61 @@ async fn run_job(
         stream_response(job, meta, rx, cancel)
     } else {
         whole_response(job, meta, rx, cancel).await
+    }
+}
+
+/// Streamed log-probabilities in the route's shape: chat's `{"content": [...]}`, the
+/// legacy object on completions, Ollama's list.
+fn stream_logprobs(
+    engine: &Engine,
+    route: Route,
+    lps: &[onebit_engine::TokenLogprob],
+    offset: &mut usize,
+) -> Value {
+    match route {
+        Route::Chat => json!({"content": api::chat_entries(engine, lps), "refusal": null}),
+        Route::Completions => {
+            let entries: Vec<_> = lps.iter().map(|lp| (lp.token, Some(lp))).collect();
+            api::legacy_logprobs(engine, &entries, offset)
+        }
+        Route::OllamaChat | Route::OllamaGenerate => json!(api::chat_entries(engine, lps)),
+    }
+}
+
+/// A whole answer's echoed prompt and log-probabilities (the prompt's first, with echo).
+fn whole_extra(
+    ready: &Ready,
+    route: Route,
+    request: &Request,
+    c: &Completion,
+    logprobs: bool,
+    echo: bool,
+) -> Extra {
+    let engine = &ready.engine;
+    let ids: &[u32] = match &request.prompt {
+        Prompt::Tokens(ids) => ids,
+        _ => &[],
+    };
+    // The prompt as the ids that ran (special tokens written out), as llama-server echoes.
+    let echo_text = echo.then(|| engine.detokenize(ids).unwrap_or_default());
+    let logprobs = logprobs.then(|| match route {
+        Route::Completions => {
+            let mut entries: Vec<(u32, Option<&onebit_engine::TokenLogprob>)> = Vec::new();
+            if echo {
+                entries.extend(
+                    ids.iter()
+                        .zip(&c.prompt_logprobs)
+                        .map(|(&id, lp)| (id, lp.as_ref())),
+                );
+            }
+            entries.extend(c.logprobs.iter().map(|lp| (lp.token, Some(lp))));
+            api::legacy_logprobs(engine, &entries, &mut 0)
+        }
+        _ => stream_logprobs(engine, route, &c.logprobs, &mut 0),
+    });
+    Extra {
+        echo: echo_text,
+        logprobs,
     }
 }
 
@@ -1257,9 +1351,11 @@ async fn whole_response(
     cancel: CancelFlag,
 ) -> Response {
     let mut guard = CancelOnDrop(Some(cancel));
+    let mut extra = Extra::default();
     let result = loop {
         match rx.recv().await {
-            Some(Msg::Piece(_)) => continue,
+            Some(Msg::Piece(..)) => continue,
+            Some(Msg::Extra(e)) => extra = *e,
             Some(Msg::Done(r)) => break *r,
             None => {
                 break Err(EngineError::Internal(
@@ -1282,7 +1378,7 @@ async fn whole_response(
             "choices": [{
                 "index": 0,
                 "message": {"role": "assistant", "content": c.text},
-                "logprobs": null,
+                "logprobs": extra.logprobs,
                 "finish_reason": api::finish_reason(&c.stop),
             }],
             "usage": api::usage(&c),
@@ -1295,9 +1391,12 @@ async fn whole_response(
             "created": meta.created,
             "model": meta.model,
             "choices": [{
-                "text": c.text,
+                "text": match &extra.echo {
+                    Some(prompt) => format!("{prompt}{}", c.text),
+                    None => c.text.clone(),
+                },
                 "index": 0,
-                "logprobs": null,
+                "logprobs": extra.logprobs,
                 "finish_reason": api::finish_reason(&c.stop),
             }],
             "usage": api::usage(&c),
@@ -1308,6 +1407,9 @@ async fn whole_response(
             let mut v = ollama_line(&job, &meta, &c.text, true);
             merge(&mut v, api::ollama_stats(&c, meta.load_seconds));
             v["seed"] = json!(meta.seed);
+            if let Some(lp) = extra.logprobs {
+                v["logprobs"] = lp;
+            }
             v
         }
     };
@@ -1339,6 +1441,7 @@ fn openai_chunk(
     text: Option<&str>,
     role: bool,
     finish: Option<&str>,
+    logprobs: Option<Value>,
 ) -> Value {
     let choice = if job.route == Route::Chat {
         let mut delta = json!({});
@@ -1348,9 +1451,9 @@ fn openai_chunk(
         if let Some(t) = text {
             delta["content"] = json!(t);
         }
-        json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+        json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
     } else {
-        json!({"text": text.unwrap_or(""), "index": 0, "logprobs": null, "finish_reason": finish})
+        json!({"text": text.unwrap_or(""), "index": 0, "logprobs": logprobs, "finish_reason": finish})
     };
     let mut v = json!({
         "id": meta.id,
@@ -1401,13 +1504,24 @@ fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: Cancel
         let ollama = st.job.route.is_ollama();
         let mut out: Vec<u8> = Vec::new();
         if st.first && st.job.route == Route::Chat {
-            out.extend_from_slice(&sse(&openai_chunk(&st.job, &st.meta, Some(""), true, None)));
+            out.extend_from_slice(&sse(&openai_chunk(
+                &st.job,
+                &st.meta,
+                Some(""),
+                true,
+                None,
+                None,
+            )));
         }
         st.first = false;
         match st.rx.recv().await {
-            Some(Msg::Piece(text)) => {
+            Some(Msg::Piece(text, logprobs)) => {
                 if ollama {
-                    out.extend_from_slice(&ndjson(&ollama_line(&st.job, &st.meta, &text, false)));
+                    let mut line = ollama_line(&st.job, &st.meta, &text, false);
+                    if let Some(lp) = logprobs {
+                        line["logprobs"] = lp;
+                    }
+                    out.extend_from_slice(&ndjson(&line));
                 } else {
                     out.extend_from_slice(&sse(&openai_chunk(
                         &st.job,
@@ -1415,9 +1529,11 @@ fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: Cancel
                         Some(&text),
                         false,
                         None,
+                        logprobs,
                     )));
                 }
             }
+            Some(Msg::Extra(_)) => {}
             Some(Msg::Done(r)) => {
                 st.finished = true;
                 match *r {
@@ -1429,11 +1545,12 @@ fn stream_response(job: Job, meta: Meta, rx: mpsc::Receiver<Msg>, cancel: Cancel
                     }
                     Ok(c) => {
                         let reason = api::finish_reason(&c.stop);
-                        let mut last = openai_chunk(&st.job, &st.meta, None, false, Some(reason));
+                        let mut last =
+                            openai_chunk(&st.job, &st.meta, None, false, Some(reason), None);
                         last["timings"] = api::timings(&c);
                         out.extend_from_slice(&sse(&last));
                         if st.job.include_usage {
-                            let mut u = openai_chunk(&st.job, &st.meta, None, false, None);
+                            let mut u = openai_chunk(&st.job, &st.meta, None, false, None, None);
                             u["choices"] = json!([]);
                             u["usage"] = api::usage(&c);
                             out.extend_from_slice(&sse(&u));
