@@ -93,7 +93,7 @@ fn smollm2(c: &mut Criterion) {
     smollm2_round_and_verify(c, &smollm2);
 }
 
-/// The target's embedding and head, as `mtp::PackageHooks` calls them:
+/// The target's embedding and head, as `onebit_engine::PackageHooks` calls them:
 /// `CpuModel::embed` and `CpuModel::proposal_picks`, on the model's team.
 struct ModelHooks(std::sync::Arc<npu_runtime::CpuModel>);
 
