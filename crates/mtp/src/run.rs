@@ -127,25 +127,9 @@ pub fn run_from(
     options: &RunOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<RunOutput, RunError> {
-    if prompt.is_empty() {
-        return Err(RunError::EmptyPrompt);
-    }
-    if cached >= prompt.len() || base.position() != cached {
-        return Err(RunError::Cached {
-            cached,
-            position: base.position(),
-            prompt: prompt.len(),
-        });
-    }
-    generate(
-        base,
-        head,
-        prompt,
-        &prompt[cached..],
-        options,
-        None,
-        &mut |t, _| on_token(t),
-    )
+    run_observed(base, head, prompt, cached, options, None, &mut |t, _| {
+        on_token(t)
+    })
 }
 
 /// [`run_from`] reporting, with every emitted token, its [`TokenLogprob`] when
