@@ -18,6 +18,9 @@
 //! A real-model arm runs the converted Gemma 3 270M when `target/models/gemma3` exists
 //! (`cargo xtask fetch-model gemma3`) and is skipped by name otherwise.
 
+mod common;
+use common::max_diff;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,14 +44,6 @@ fn convert(dir: &Path) -> Arc<TargetPackage> {
     )
     .unwrap();
     Arc::new(TargetPackage::open(dir).unwrap())
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 struct Reference {
@@ -264,9 +259,7 @@ fn real_gemma3_greedy_f32_and_default_agree() {
 /// chunks, then greedy steps.
 #[test]
 fn tiny_gemma3_shared_passes_equal_lone_sessions() {
-    use npu_runtime::{CpuModel, PassBatcher};
-    use std::sync::mpsc;
-    use std::time::Duration;
+    use npu_runtime::CpuModel;
     let dir = tempfile::tempdir().unwrap();
     let package = convert(dir.path());
     let model = CpuModel::load(package, CpuOptions::default()).unwrap();
@@ -288,25 +281,10 @@ fn tiny_gemma3_shared_passes_equal_lone_sessions() {
         seen
     };
     let alone: Vec<Vec<f32>> = (0..3).map(|s| script(&mut model.session(), s)).collect();
-    let batcher = PassBatcher::new(model.clone(), Duration::from_secs(3600));
-    let (done, finished) = mpsc::channel();
-    let members: Vec<_> = (0..3).map(|_| batcher.member()).collect();
-    for (s, member) in members.into_iter().enumerate() {
-        let (model, batcher, done) = (model.clone(), batcher.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut target = model.session();
-            target.join(batcher).unwrap();
-            let out = script(&mut target, s);
-            drop(member);
-            done.send((s, out)).unwrap();
-        });
-    }
-    for _ in 0..3 {
-        let (s, out) = finished
-            .recv_timeout(Duration::from_secs(120))
-            .expect("shared passes wedged");
+    let (together, batcher) = common::in_shared_passes(&model, 3, script);
+    for (s, (alone, together)) in alone.iter().zip(&together).enumerate() {
         assert!(
-            out == alone[s],
+            together == alone,
             "session {s}'s logits differ in shared passes"
         );
     }

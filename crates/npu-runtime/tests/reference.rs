@@ -7,6 +7,9 @@
 //! f32 summation order (measured below 3e-5 here); 1e-3 is the fixture's own suggested
 //! bound and sits well under the smallest greedy margin used (0.0208).
 
+mod common;
+use common::max_diff;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -22,14 +25,6 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures")
         .join(name)
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn check_reference(dir: &str) {
@@ -476,9 +471,6 @@ fn chunked_prefill_is_exact_and_cancellable() {
 /// others would otherwise wait out the linger at every step (the watchdog fails that).
 #[test]
 fn batched_sessions_equal_lone_sessions() {
-    use npu_runtime::PassBatcher;
-    use std::sync::mpsc;
-    use std::time::Duration;
     let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
     for precision in [Precision::F32, Precision::Q8x2] {
         let options = CpuOptions {
@@ -528,28 +520,8 @@ fn batched_sessions_equal_lone_sessions() {
             (seen, rows)
         };
         let alone: Vec<_> = (0..4).map(|s| script(&mut model.session(), s)).collect();
-        let batcher = PassBatcher::new(model.clone(), Duration::from_secs(3600));
-        let (done, finished) = mpsc::channel();
-        let members: Vec<_> = (0..4).map(|_| batcher.member()).collect();
-        for (s, member) in members.into_iter().enumerate() {
-            let (model, batcher, done) = (model.clone(), batcher.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut target = model.session();
-                target.join(batcher).unwrap();
-                let out = script(&mut target, s);
-                drop(member);
-                done.send((s, out)).unwrap();
-            });
-        }
-        let mut together: Vec<Option<(Vec<f32>, TapRows)>> = vec![None; 4];
-        for _ in 0..4 {
-            let (s, out) = finished
-                .recv_timeout(Duration::from_secs(120))
-                .expect("batched sessions wedged: a session that left is still waited for");
-            together[s] = Some(out);
-        }
+        let (together, batcher) = common::in_shared_passes(&model, 4, script);
         for (s, (alone, together)) in alone.iter().zip(&together).enumerate() {
-            let together = together.as_ref().unwrap();
             assert!(
                 alone.0 == together.0,
                 "{}: session {s}'s logits differ when batched",

@@ -5,7 +5,7 @@
 //! error; bf16 and q8 storage round as documented; `truncate` is exact.
 
 use onebit_kernels::attention::{self, attention_split, attention_visible, exp2, Split, BLOCK};
-use onebit_kernels::kv::{KvLayer, KvType};
+use onebit_kernels::kv::{KvHeadView, KvLayer, KvType};
 use onebit_kernels::team::Team;
 use onebit_kernels::Isa;
 use proptest::prelude::*;
@@ -64,6 +64,53 @@ fn run(c: &Case, isa: Isa, split: Split) -> Vec<f32> {
     out
 }
 
+/// Row `i` of `c` alone, over a layer holding only the positions up to it.
+fn row_alone(c: &Case, i: usize) -> Case {
+    let width = c.heads * c.layer.head_dim();
+    let mut layer = c.layer.clone();
+    layer.truncate(c.p0 + i + 1);
+    Case {
+        layer,
+        queries: c.queries[i * width..(i + 1) * width].to_vec(),
+        n: 1,
+        p0: c.p0 + i,
+        heads: c.heads,
+        scale: c.scale,
+    }
+}
+
+/// Softmax attention of one query head over `positions` of `view`, in f64 over the
+/// stored keys and values; `vmax` grows to the largest |value| read.
+fn f64_attention(
+    view: &KvHeadView<'_>,
+    q: &[f32],
+    scale: f32,
+    positions: std::ops::Range<usize>,
+    vmax: &mut f64,
+) -> Vec<f64> {
+    let scores: Vec<f64> = positions
+        .clone()
+        .map(|t| {
+            q.iter()
+                .zip(&view.key_f32(t))
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale as f64
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let total: f64 = p.iter().sum();
+    let mut out = vec![0f64; q.len()];
+    for (t, &pt) in positions.zip(&p) {
+        for (d, &v) in view.value_f32(t).iter().enumerate() {
+            out[d] += pt / total * v as f64;
+            *vmax = vmax.max((v as f64).abs());
+        }
+    }
+    out
+}
+
 fn assert_bits(got: &[f32], want: &[f32], what: &str) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
@@ -111,16 +158,7 @@ fn check(kv_type: KvType, kvh: usize, group: usize, hd: usize, len: usize, n: us
         // Each row alone, over a layer holding only what that row sees.
         let width = c.heads * hd;
         for i in 0..n {
-            let mut alone = c.layer.clone();
-            alone.truncate(c.p0 + i + 1);
-            let single = Case {
-                layer: alone,
-                queries: c.queries[i * width..(i + 1) * width].to_vec(),
-                n: 1,
-                p0: c.p0 + i,
-                heads: c.heads,
-                scale: c.scale,
-            };
+            let single = row_alone(&c, i);
             assert_bits(
                 &run(&single, isa, Split::Auto),
                 &want[i * width..(i + 1) * width],
@@ -302,27 +340,7 @@ fn reference_is_close_to_f64_attention() {
                 for h in 0..c.heads {
                     let view = c.layer.head(h / group);
                     let q = &c.queries[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
-                    let visible = c.p0 + i + 1;
-                    let scores: Vec<f64> = (0..visible)
-                        .map(|t| {
-                            let k = view.key_f32(t);
-                            q.iter()
-                                .zip(&k)
-                                .map(|(&a, &b)| a as f64 * b as f64)
-                                .sum::<f64>()
-                                * c.scale as f64
-                        })
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let total: f64 = p.iter().sum();
-                    let mut want = vec![0f64; hd];
-                    for (t, &pt) in p.iter().enumerate() {
-                        for (d, &v) in view.value_f32(t).iter().enumerate() {
-                            want[d] += pt / total * v as f64;
-                            vmax = vmax.max((v as f64).abs());
-                        }
-                    }
+                    let want = f64_attention(&view, q, c.scale, 0..c.p0 + i + 1, &mut vmax);
                     let o = &got[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
                     for (g, w) in o.iter().zip(&want) {
                         worst = worst.max((*g as f64 - w).abs() / vmax);
@@ -576,16 +594,7 @@ fn sliding_window_sees_exactly_its_last_positions() {
                 }
                 let width = c.heads * hd;
                 for i in [0, n - 1] {
-                    let mut alone = c.layer.clone();
-                    alone.truncate(c.p0 + i + 1);
-                    let single = Case {
-                        layer: alone,
-                        queries: c.queries[i * width..(i + 1) * width].to_vec(),
-                        n: 1,
-                        p0: c.p0 + i,
-                        heads: c.heads,
-                        scale: c.scale,
-                    };
+                    let single = row_alone(&c, i);
                     assert_bits(
                         &run_window(&single, isa, Split::Auto, Some(w)),
                         &want[i * width..(i + 1) * width],
@@ -601,25 +610,7 @@ fn sliding_window_sees_exactly_its_last_positions() {
                 for h in 0..c.heads {
                     let view = c.layer.head(h / group);
                     let q = &c.queries[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
-                    let scores: Vec<f64> = (start..end)
-                        .map(|t| {
-                            q.iter()
-                                .zip(&view.key_f32(t))
-                                .map(|(&a, &b)| a as f64 * b as f64)
-                                .sum::<f64>()
-                                * c.scale as f64
-                        })
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let total: f64 = p.iter().sum();
-                    let mut expect = vec![0f64; hd];
-                    for (j, &pt) in p.iter().enumerate() {
-                        for (d, &v) in view.value_f32(start + j).iter().enumerate() {
-                            expect[d] += pt / total * v as f64;
-                            vmax = vmax.max((v as f64).abs());
-                        }
-                    }
+                    let expect = f64_attention(&view, q, c.scale, start..end, &mut vmax);
                     let o = &want[(i * c.heads + h) * hd..(i * c.heads + h + 1) * hd];
                     for (g, e) in o.iter().zip(&expect) {
                         worst = worst.max((*g as f64 - e).abs() / vmax);
