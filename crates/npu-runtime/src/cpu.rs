@@ -668,7 +668,6 @@ impl CpuModel {
                 scale,
                 &mut attn,
             );
-            drop(sequences);
             clock.stop(attention);
             let projected_o;
             let o: &[f32] = match self.packed.get(l) {
