@@ -579,14 +579,14 @@ fn run_block(
                 let mut gate_up = w.project_q8(&p.gate_up, &xq, 2);
                 let up = gate_up.pop().expect("two parts");
                 let mut gate = gate_up.pop().expect("two parts");
-                kernels::swiglu(&mut gate, &up);
+                kernels::swiglu(w.kernel, &mut gate, &up);
                 xq.quantize_from(&gate, b, c.intermediate_size);
                 w.project_q8(&p.down, &xq, 1).pop().expect("one part")
             }
             None => {
                 let mut gate = w.project(&layer.gate, &normed, b);
                 let up = w.project(&layer.up, &normed, b);
-                kernels::swiglu(&mut gate, &up);
+                kernels::swiglu(w.kernel, &mut gate, &up);
                 w.project(&layer.down, &gate, b)
             }
         };

@@ -55,10 +55,10 @@ impl Q8Projector {
 }
 
 /// The MLP's gated activation in place into `gate`: SwiGLU, or Gemma's GeGLU.
-fn gated(cfg: &TargetConfig, gate: &mut [f32], up: &[f32]) {
+fn gated(isa: Isa, cfg: &TargetConfig, gate: &mut [f32], up: &[f32]) {
     match cfg.variant.activation {
-        crate::model::Activation::Silu => kernels::swiglu(gate, up),
-        crate::model::Activation::GeluTanh => kernels::geglu(gate, up),
+        crate::model::Activation::Silu => kernels::swiglu(isa, gate, up),
+        crate::model::Activation::GeluTanh => kernels::geglu(isa, gate, up),
     }
 }
 
@@ -710,7 +710,7 @@ impl CpuModel {
                     let gate = clock.time(Stage::Activation, || {
                         let mut gate = gather(y, n, s, p.gate_up.part(0));
                         let up = gather(y, n, s, p.gate_up.part(1));
-                        gated(cfg, &mut gate, &up);
+                        gated(self.kernel, cfg, &mut gate, &up);
                         gate
                     });
                     debug_assert_eq!(p.down.stride(), h);
@@ -723,7 +723,9 @@ impl CpuModel {
                             self.project(&layer.up, &normed, n),
                         )
                     });
-                    clock.time(Stage::Activation, || gated(cfg, &mut gate, &up));
+                    clock.time(Stage::Activation, || {
+                        gated(self.kernel, cfg, &mut gate, &up)
+                    });
                     projected_down =
                         clock.time(Stage::Projections, || self.project(&layer.down, &gate, n));
                     &projected_down

@@ -1,13 +1,16 @@
-//! `swiglu` spreads long inputs over the thread team in chunks; the result must be the
-//! element-wise definition `g / (1 + exp(-g)) · u`, bit for bit, on and off a team and
-//! for every length (below, at and across the chunk size, and not a multiple of it).
+//! The gated activations (`swiglu`, `geglu`) spread long inputs over the thread team in
+//! chunks and are compiled for each ISA; the result must be the element-wise definition
+//! (`silu(g) · u`, `gelu_tanh(g) · u` by the scalar functions), bit for bit, on and off a
+//! team, on every ISA this CPU has, and for every length. The fixed-sequence `exp` and
+//! the activations are held to `f64` within their stated errors.
 
-use onebit_kernels::elementwise::swiglu;
+use onebit_kernels::elementwise::{exp_nonpositive, gated, gelu_tanh, silu, swiglu, Gate, EXP_MIN};
 use onebit_kernels::team::Team;
+use onebit_kernels::Isa;
 
 fn inputs(len: usize, seed: u32) -> (Vec<f32>, Vec<f32>) {
     let value = |i: usize, s: u32| {
-        ((i as u32).wrapping_mul(2654435761).wrapping_add(s) % 2000) as f32 / 250.0 - 4.0
+        ((i as u32).wrapping_mul(2654435761).wrapping_add(s) % 2000) as f32 / 50.0 - 20.0
     };
     (
         (0..len).map(|i| value(i, seed)).collect(),
@@ -15,33 +18,108 @@ fn inputs(len: usize, seed: u32) -> (Vec<f32>, Vec<f32>) {
     )
 }
 
-fn definition(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter()
-        .zip(up)
-        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-        .collect()
+fn definition(activation: Gate, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let f = match activation {
+        Gate::Silu => silu,
+        Gate::GeluTanh => gelu_tanh,
+    };
+    gate.iter().zip(up).map(|(&g, &u)| f(g) * u).collect()
 }
 
 #[test]
-fn swiglu_equals_its_element_wise_definition_on_and_off_a_team() {
-    let team = Team::new(2, "swiglu-test").unwrap();
-    for len in [0usize, 1, 383, 384, 385, 768, 1000, 1536, 4 * 1536 + 5] {
-        let (gate, up) = inputs(len, len as u32);
-        let want = definition(&gate, &up);
-        let mut alone = gate.clone();
-        swiglu(&mut alone, &up);
-        assert_eq!(alone, want, "off a team, length {len}");
-        let mut teamed = gate.clone();
-        team.install(|| swiglu(&mut teamed, &up));
-        assert_eq!(teamed, want, "on a team of 2, length {len}");
+fn gated_activations_equal_their_element_wise_definition_on_every_isa_and_team() {
+    let team = Team::new(2, "gated-test").unwrap();
+    for activation in [Gate::Silu, Gate::GeluTanh] {
+        for len in [0usize, 1, 15, 17, 2047, 2048, 2049, 4096, 4 * 1536 + 5] {
+            let (mut gate, up) = inputs(len, len as u32);
+            // Specials: NaN, infinities, zeros, the clamp's edge, huge and tiny values.
+            for (i, v) in [
+                f32::NAN,
+                f32::INFINITY,
+                -0.0,
+                0.0,
+                EXP_MIN,
+                -EXP_MIN,
+                -88.5,
+                1e30,
+                -1e30,
+                1e-40,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if i < len {
+                    gate[i] = v;
+                }
+            }
+            let want = definition(activation, &gate, &up);
+            for isa in Isa::available() {
+                let mut alone = gate.clone();
+                gated(isa, activation, &mut alone, &up);
+                let mut teamed = gate.clone();
+                team.install(|| gated(isa, activation, &mut teamed, &up));
+                for (got, how) in [(alone, "off a team"), (teamed, "on a team of 2")] {
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                    assert!(same, "{activation:?} {}: {how}, length {len}", isa.name());
+                }
+            }
+        }
     }
+}
+
+#[test]
+fn exp_is_within_its_stated_error() {
+    // Every 2^-12 step over [EXP_MIN, 0], and the edges.
+    let mut worst = 0f64;
+    let steps = (-EXP_MIN as f64 * 4096.0) as i64;
+    for i in 0..=steps {
+        let a = -(i as f64) / 4096.0;
+        let a = a.max(EXP_MIN as f64) as f32;
+        let want = (a as f64).exp();
+        let got = exp_nonpositive(a) as f64;
+        worst = worst.max(((got - want) / want).abs());
+    }
+    // Measured 8.3e-8 (under one f32 ulp of the result); bound: 2e-7.
+    eprintln!("exp relative error {worst:e}");
+    assert!(worst < 2e-7, "relative error {worst:e}");
+    assert_eq!(exp_nonpositive(EXP_MIN - 0.5), 0.0);
+    assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+    assert_eq!(exp_nonpositive(f32::NAN), 0.0);
+    assert_eq!(exp_nonpositive(0.0), 1.0);
+    assert_eq!(exp_nonpositive(-0.0), 1.0);
+}
+
+#[test]
+fn activations_are_within_their_stated_error_of_f64() {
+    let (mut silu_worst, mut gelu_worst) = (0f64, 0f64);
+    for i in -200_000..=200_000 {
+        let x = i as f32 / 5000.0; // [-40, 40]
+        let xd = x as f64;
+        let silu_want = xd / (1.0 + (-xd).exp());
+        let inner = 0.797_884_560_802_865_4 * (xd + 0.044_715 * xd * xd * xd);
+        let gelu_want = 0.5 * xd * (1.0 + inner.tanh());
+        // Absolute error scaled by max(1, |x|): what a following projection sees.
+        let scale = xd.abs().max(1.0);
+        silu_worst = silu_worst.max((silu(x) as f64 - silu_want).abs() / scale);
+        gelu_worst = gelu_worst.max((gelu_tanh(x) as f64 - gelu_want).abs() / scale);
+    }
+    // Measured 1.14e-7 and 1.17e-7 (about one f32 ulp of max(1, |x|)); bound: 3e-7.
+    eprintln!("silu {silu_worst:e} gelu {gelu_worst:e}");
+    assert!(silu_worst < 3e-7, "silu error {silu_worst:e}");
+    assert!(gelu_worst < 3e-7, "gelu error {gelu_worst:e}");
+    assert!(silu(f32::NAN).is_nan() && gelu_tanh(f32::NAN).is_nan());
+    assert_eq!(silu(f32::INFINITY), f32::INFINITY);
+    assert_eq!(silu(-100.0), 0.0); // e^-100 is below EXP_MIN: flushed
 }
 
 #[test]
 #[should_panic(expected = "swiglu: gate and up differ in length")]
 fn swiglu_refuses_inputs_of_different_lengths() {
     let mut gate = vec![0f32; 10];
-    swiglu(&mut gate, &[0f32; 9]);
+    swiglu(Isa::detect(), &mut gate, &[0f32; 9]);
 }
 
 /// The plain definition: the first index whose value is the largest number.

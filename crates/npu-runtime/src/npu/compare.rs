@@ -375,7 +375,7 @@ fn cases() -> Result<Vec<Case>> {
     let gate = input.floats(n * 3 * h);
     let up = input.floats(n * 3 * h);
     let mut reference = gate.clone();
-    kernels::swiglu(&mut reference, &up);
+    kernels::swiglu(Isa::scalar(), &mut reference, &up);
     cases.push(Case {
         op: "swiglu",
         shape: format!("{n} × {}", 3 * h),

@@ -289,7 +289,7 @@ impl SimDevice {
             Op::SwiGlu { gate, up, width } => {
                 let mut gs = self.take(gate)?;
                 let us = self.floats(up)?;
-                kernels::swiglu(&mut gs[..n * width], &us[..n * width]);
+                kernels::swiglu(self.kernel, &mut gs[..n * width], &us[..n * width]);
                 self.put(gate, gs);
             }
             Op::TapCopy { from, to, slot } => {
