@@ -107,6 +107,7 @@ pub fn small_config() -> DraftConfig {
         vocab_size: Some(512),
         max_position_embeddings: 2048,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 
@@ -129,6 +130,7 @@ pub fn bolt_config() -> DraftConfig {
         vocab_size: Some(262_144),
         max_position_embeddings: 131_072,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 
@@ -156,6 +158,7 @@ pub fn smollm2_config() -> DraftConfig {
         vocab_size: Some(49_152),
         max_position_embeddings: 8192,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 
