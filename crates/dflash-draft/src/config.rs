@@ -432,7 +432,7 @@ impl Dflash2 {
             ));
         }
         let group = positive("conv_group_size")?;
-        if hidden % group != 0 {
+        if !hidden.is_multiple_of(group) {
             return Err(bad(
                 "conv_group_size",
                 format!("{group} does not divide hidden_size {hidden}"),

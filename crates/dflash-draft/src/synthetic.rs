@@ -10,9 +10,10 @@ use half::bf16;
 use q4nx_format::{Q4Group, TileBuilder, GROUP_COLS};
 
 use crate::builder::PackageBuilder;
-use crate::config::{DraftConfig, DEFAULT_WEIGHTS};
+use crate::config::{Dflash2, DraftConfig, DEFAULT_WEIGHTS};
 use crate::error::Result;
 use crate::package::{Gain, Projection};
+use crate::v2::{Sublayer, V2Tensor};
 
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -162,6 +163,72 @@ pub fn smollm2_config() -> DraftConfig {
     }
 }
 
+/// The published DFlash 2 geometry (z-lab's `dflash2-config.json`): two taps in groups
+/// of 16 channels, a rank-256 selector over the top 16 candidates, softcap 20 and the
+/// published output multiplier.
+pub fn published_v2() -> Dflash2 {
+    Dflash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 256,
+        selector_top_k: 16,
+        final_logit_softcapping: Some(20.0),
+        output_multiplier: 0.196_116_14,
+    }
+}
+
+/// [`small_config`] as a DFlash 2 draft: two taps in groups of 16, rank 16 over top-8,
+/// softcap 4, multiplier 0.5.
+pub fn small_v2_config() -> DraftConfig {
+    DraftConfig {
+        v2: Some(Dflash2 {
+            conv_kernel_size: 2,
+            conv_group_size: 16,
+            selector_rank: 16,
+            selector_top_k: 8,
+            final_logit_softcapping: Some(4.0),
+            output_multiplier: 0.5,
+        }),
+        ..small_config()
+    }
+}
+
+/// A DFlash 2 draft of SmolLM2-135M's geometry ([`smollm2_config`]) with the published
+/// convolution and selector geometry ([`published_v2`]) and the published block of 16.
+pub fn smollm2_v2_config() -> DraftConfig {
+    DraftConfig {
+        block_size: 16,
+        v2: Some(published_v2()),
+        ..smollm2_config()
+    }
+}
+
+/// A synthetic DFlash 2 tensor's element `i` (bf16 values): base kernels near the
+/// identity at tap 0 and small elsewhere, small dynamic projections, the selector's
+/// projection and codebooks pseudo-normal.
+pub fn v2_value(seed: u64, which: V2Tensor, shape: &[usize], i: usize) -> f32 {
+    let (id, scale) = match which {
+        V2Tensor::ConvBase(l, s) => (200 + 2 * l as u64 + (s == Sublayer::Mlp) as u64, 0.3),
+        V2Tensor::ConvProjection(l, s) => (
+            300 + 2 * l as u64 + (s == Sublayer::Mlp) as u64,
+            0.3 / (shape[1] as f32).sqrt(),
+        ),
+        V2Tensor::SelectorProjection => (400, 1.0 / (shape[1] as f32).sqrt()),
+        V2Tensor::PredecessorCodebook => (401, 0.3),
+        V2Tensor::SuccessorCodebook => (402, 0.3),
+    };
+    let centred = 2.0 * unit(seed, id, i as u64) - 1.0;
+    let mut v = centred * scale * 1.7;
+    if let V2Tensor::ConvBase(..) = which {
+        // [2][K][H]: tap 0 of either set near 1.
+        let (k, h) = (shape[1], shape[2]);
+        if (i / h).is_multiple_of(k) {
+            v += 1.0;
+        }
+    }
+    bf16::from_f32(v).to_f32()
+}
+
 /// Writes a synthetic package for `config` into `dir`.
 pub fn write_synthetic(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()> {
     let mut b = PackageBuilder::new(config.clone());
@@ -191,5 +258,14 @@ pub fn write_synthetic(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()
         }
     }
     b.fusion(&fc)?;
+    for which in V2Tensor::all(config.num_layers) {
+        let Some(shape) = which.shape(config) else {
+            break;
+        };
+        let values: Vec<f32> = (0..shape.iter().product())
+            .map(|i| v2_value(seed, which, &shape, i))
+            .collect();
+        b.v2_tensor(which, &values)?;
+    }
     b.write(dir, None)
 }
