@@ -134,6 +134,20 @@ pub fn run(args: &[String]) -> Result<()> {
         "fixtures: wrote {} (synthetic DFlash draft of SmolLM2 geometry: random weights, never right)",
         smollm2.display()
     );
+    // DFlash 2 at the published convolution and selector geometry (two taps, groups of
+    // 16, rank 256, top-16, block 16) over SmolLM2's sizes: the z-lab layout, then the
+    // package `onebit convert-draft` makes of it.
+    let source = out.join("smollm2-dflash2-hf");
+    let config = dflash_draft::synthetic::smollm2_v2_config();
+    dflash_draft::synthetic::write_zlab_source(&source, &config, 235)?;
+    let package = out.join("smollm2-dflash2");
+    let report = dflash_draft::import_zlab(&source, &package, None)?;
+    println!(
+        "fixtures: wrote {} (z-lab layout) and {} (random DFlash 2 draft of SmolLM2 geometry: {})",
+        source.display(),
+        package.display(),
+        report.inventory
+    );
     if !args.iter().any(|a| a == "--no-bolt") {
         let start = std::time::Instant::now();
         let bolt = out.join("bolt-draft");

@@ -286,6 +286,43 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // DFlash 2 against z-lab's module (tests/data/dflash2-ref).
+    Mutant {
+        name: "dflash2-conv-tap-reads-ahead",
+        file: "crates/dflash-draft/src/v2.rs",
+        find: "let Some(src) = i.checked_sub(t) else {",
+        replace: "let Some(src) = Some(i + t).filter(|&s| s < b) else {",
+        tests: &["-p", "dflash-draft", "--test", "dflash2_reference"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "dflash2-softcap-before-the-multiplier",
+        file: "crates/dflash-draft/src/config.rs",
+        find: "Some(cap) => (scaled / cap).tanh() * cap,",
+        replace: "Some(cap) => (logit / cap).tanh() * cap * self.output_multiplier,",
+        tests: &["-p", "dflash-draft", "--test", "dflash2_reference"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "dflash2-selector-ignores-the-predecessor",
+        file: "crates/dflash-draft/src/v2.rs",
+        find: "let context: Vec<f32> = bf16_row(w.predecessor, prev as usize, rank)",
+        replace: "let context: Vec<f32> = bf16_row(w.predecessor, prev as usize, rank).map(|_| 1.0)",
+        tests: &["-p", "dflash-draft", "--test", "dflash2_reference"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "dflash2-candidate-is-its-own-predecessor",
+        file: "crates/dflash-draft/src/v2.rs",
+        find: ".zip(&context)",
+        replace: ".zip(&bf16_row(w.predecessor, cand as usize, rank).zip(&projected[p * rank..(p + 1) * rank]).map(|(a, b)| a * b).collect::<Vec<f32>>())",
+        tests: &["-p", "dflash-draft", "--test", "dflash2_reference"],
+        also: None,
+        requires: &[],
+    },
     // The upstream DFlashHead table.
     Mutant {
         name: "dflash-head-no-trim-after-verify",

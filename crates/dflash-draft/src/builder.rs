@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::config::{DraftConfig, ScalarKind, DEFAULT_WEIGHTS, SCALARS};
 use crate::error::{DraftError, Result};
 use crate::package::{confined, sha256_file, Gain, Projection, FUSION, MANIFEST};
+use crate::v2::V2Tensor;
 
 /// Collects a draft's tensors, then writes `config.json`, the weight file and
 /// `MANIFEST.sha256` (plus `configuration.json` when given).
@@ -92,6 +93,25 @@ impl PackageBuilder {
         }
         self.writer
             .add(FUSION, Dtype::BF16, &[h / 32, w, 32], bytes)
+            .map_err(writer_err)?;
+        Ok(())
+    }
+
+    /// Adds a DFlash 2 tensor from row-major values in its shape (rounded to bf16).
+    pub fn v2_tensor(&mut self, which: V2Tensor, values: &[f32]) -> Result<()> {
+        let bad = |problem: String| DraftError::Tensor {
+            path: "<builder>".into(),
+            tensor: which.tensor_name(),
+            problem,
+        };
+        let shape = which
+            .shape(&self.config)
+            .ok_or_else(|| bad("belongs to DFlash 2, but the config is DFlash (1)".into()))?;
+        if values.len() != shape.iter().product::<usize>() {
+            return Err(bad(format!("got {} values for {shape:?}", values.len())));
+        }
+        self.writer
+            .add_bf16(which.tensor_name(), &shape, values)
             .map_err(writer_err)?;
         Ok(())
     }

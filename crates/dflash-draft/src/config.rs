@@ -7,7 +7,8 @@ use crate::error::{DraftError, Result};
 
 /// The architecture name a DFlash (1) draft declares.
 pub const ARCHITECTURE: &str = "DFlashDraftModel";
-/// The DFlash 2 architecture, refused by name for now.
+/// The DFlash 2 architecture (grouped dynamic convolutions, soft-capped logits and a
+/// candidate selector on the DFlash backbone; see [`Dflash2`]).
 pub const ARCHITECTURE_V2: &str = "DFlash2DraftModel";
 /// The weight file of a package unless `config.json` names another (`weights`).
 pub const DEFAULT_WEIGHTS: &str = "dflash_weight.q4nx";
@@ -47,6 +48,49 @@ pub struct DraftConfig {
     pub max_position_embeddings: usize,
     /// The weight file, relative to the package.
     pub weights: String,
+    /// DFlash 2's additions; `None` for a DFlash (1) draft.
+    pub v2: Option<Dflash2>,
+}
+
+/// What a DFlash 2 draft adds to the DFlash backbone, as its `config.json` keys spell
+/// them (z-lab's `dflash_config` values, which the importer lifts to the top level).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dflash2 {
+    /// Taps of each grouped dynamic convolution (`conv_kernel_size`): tap `t` of block
+    /// row `i` reads block row `i - t`.
+    pub conv_kernel_size: usize,
+    /// Channels sharing one dynamic coefficient (`conv_group_size`).
+    pub conv_group_size: usize,
+    /// Rank of the selector's pairwise term (`selector_rank`).
+    pub selector_rank: usize,
+    /// Unary candidates per position the selector rescores (`selector_top_k`).
+    pub selector_top_k: usize,
+    /// `final_logit_softcapping`; `None` (or 0 in the source) applies no cap.
+    pub final_logit_softcapping: Option<f32>,
+    /// `output_multiplier`: scales the head's logits before the cap (1 when absent).
+    pub output_multiplier: f32,
+}
+
+impl Dflash2 {
+    /// Channel groups of a hidden row: `hidden / conv_group_size`.
+    pub fn conv_groups(&self, hidden: usize) -> usize {
+        hidden / self.conv_group_size
+    }
+
+    /// Rows of a `kernel_projection`: two coefficient sets (the sublayer's input and its
+    /// output) of `conv_kernel_size` taps per group.
+    pub fn kernel_projection_rows(&self, hidden: usize) -> usize {
+        2 * self.conv_kernel_size * self.conv_groups(hidden)
+    }
+
+    /// The unary logit of a head logit: `tanh(l · m / cap) · cap` (or `l · m` uncapped).
+    pub fn unary(&self, logit: f32) -> f32 {
+        let scaled = logit * self.output_multiplier;
+        match self.final_logit_softcapping {
+            Some(cap) => (scaled / cap).tanh() * cap,
+            None => scaled,
+        }
+    }
 }
 
 /// The shortest decimal that reads back as the same f32 (1e-6, not 9.99999997e-7).
@@ -115,24 +159,27 @@ impl DraftConfig {
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
             .unwrap_or("");
-        if arch == ARCHITECTURE_V2 || model_type == "dflash2" {
-            return Err(bad(
-                "architectures",
-                format!("is '{ARCHITECTURE_V2}': DFlash 2 packages (candidate selector, conv kernels) are not supported yet"),
-            ));
-        }
-        if model_type != "dflash" {
-            return Err(bad(
-                "model_type",
-                format!("is '{model_type}', not 'dflash'"),
-            ));
-        }
-        if arch != ARCHITECTURE {
-            return Err(bad(
-                "architectures",
-                format!("[0] is '{arch}', not '{ARCHITECTURE}'"),
-            ));
-        }
+        let is_v2 = match (model_type, arch) {
+            ("dflash", ARCHITECTURE) => false,
+            ("dflash2", ARCHITECTURE_V2) => true,
+            ("dflash" | "dflash2", _) => {
+                let want = if model_type == "dflash" {
+                    ARCHITECTURE
+                } else {
+                    ARCHITECTURE_V2
+                };
+                return Err(bad(
+                    "architectures",
+                    format!("[0] is '{arch}', not '{want}' (model_type '{model_type}')"),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    "model_type",
+                    format!("is '{model_type}', not 'dflash' or 'dflash2'"),
+                ))
+            }
+        };
         let uint = |key: &str| -> Result<usize> {
             match v.get(key) {
                 None | Some(Value::Null) => Err(bad(key, "is missing".into())),
@@ -280,6 +327,17 @@ impl DraftConfig {
             Some(Value::String(s)) => s.clone(),
             Some(x) => return Err(bad("weights", format!("is {x}, not a file name"))),
         };
+        let v2 = match is_v2 {
+            false => None,
+            true => Some(Dflash2::from_json(
+                path,
+                v,
+                hidden,
+                block_size,
+                vocab_size,
+                sliding_window,
+            )?),
+        };
         Ok(DraftConfig {
             num_layers: positive("num_hidden_layers")?,
             hidden_size: hidden,
@@ -297,14 +355,19 @@ impl DraftConfig {
             vocab_size,
             max_position_embeddings: max_positions,
             weights,
+            v2,
         })
     }
 
     /// The config as the JSON an NPU package carries.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
-            "architectures": [ARCHITECTURE],
-            "model_type": "dflash",
+        let (arch, model_type) = match self.v2 {
+            None => (ARCHITECTURE, "dflash"),
+            Some(_) => (ARCHITECTURE_V2, "dflash2"),
+        };
+        let mut v = serde_json::json!({
+            "architectures": [arch],
+            "model_type": model_type,
             "num_hidden_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -320,6 +383,119 @@ impl DraftConfig {
             "embedding_scale": shortest(self.embedding_scale),
             "vocab_size": self.vocab_size,
             "max_position_embeddings": self.max_position_embeddings,
+        });
+        if let Some(d) = &self.v2 {
+            v["conv_kernel_size"] = d.conv_kernel_size.into();
+            v["conv_group_size"] = d.conv_group_size.into();
+            v["selector_rank"] = d.selector_rank.into();
+            v["selector_top_k"] = d.selector_top_k.into();
+            v["final_logit_softcapping"] = d.final_logit_softcapping.map(shortest).into();
+            v["output_multiplier"] = shortest(d.output_multiplier).into();
+        }
+        v
+    }
+}
+
+impl Dflash2 {
+    /// Reads and checks the DFlash 2 keys of a package config (the backbone's already
+    /// checked values passed in).
+    fn from_json(
+        path: &str,
+        v: &Value,
+        hidden: usize,
+        block_size: usize,
+        vocab_size: Option<usize>,
+        sliding_window: Option<usize>,
+    ) -> Result<Dflash2> {
+        let bad = |key: &str, problem: String| DraftError::Config {
+            path: path.into(),
+            key: key.into(),
+            problem,
+        };
+        let positive = |key: &str| -> Result<usize> {
+            match v.get(key) {
+                None | Some(Value::Null) => {
+                    Err(bad(key, "is missing (a DFlash 2 draft needs it)".into()))
+                }
+                Some(x) => x
+                    .as_u64()
+                    .filter(|&n| (1..=1 << 24).contains(&n))
+                    .map(|n| n as usize)
+                    .ok_or_else(|| bad(key, format!("is {x}, not an integer in 1..=2^24"))),
+            }
+        };
+        let kernel = positive("conv_kernel_size")?;
+        if kernel > block_size {
+            return Err(bad(
+                "conv_kernel_size",
+                format!("{kernel} exceeds block_size {block_size} (taps past the block start read only zeros)"),
+            ));
+        }
+        let group = positive("conv_group_size")?;
+        if !hidden.is_multiple_of(group) {
+            return Err(bad(
+                "conv_group_size",
+                format!("{group} does not divide hidden_size {hidden}"),
+            ));
+        }
+        let rank = positive("selector_rank")?;
+        let top_k = positive("selector_top_k")?;
+        let vocab = vocab_size.ok_or_else(|| {
+            bad(
+                "vocab_size",
+                "is missing; a DFlash 2 draft's selector codebooks have one row per token".into(),
+            )
+        })?;
+        if top_k > vocab {
+            return Err(bad(
+                "selector_top_k",
+                format!("{top_k} exceeds vocab_size {vocab}"),
+            ));
+        }
+        let float = |key: &str| -> Result<Option<f32>> {
+            match v.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_f64()
+                    .filter(|f| f.is_finite() && f.abs() < 1e30)
+                    .map(|f| Some(f as f32))
+                    .ok_or_else(|| bad(key, format!("is {x}, not a finite number"))),
+            }
+        };
+        let final_logit_softcapping = match float("final_logit_softcapping")? {
+            Some(cap) if cap < 0.0 => {
+                return Err(bad(
+                    "final_logit_softcapping",
+                    format!("is {cap}; a cap is positive (0 or null: none)"),
+                ))
+            }
+            Some(cap) if cap > 0.0 => Some(cap),
+            _ => None,
+        };
+        let output_multiplier = float("output_multiplier")?.unwrap_or(1.0);
+        if output_multiplier == 0.0 {
+            return Err(bad(
+                "output_multiplier",
+                "is 0: every unary logit would be 0".into(),
+            ));
+        }
+        if let Some(window) = sliding_window {
+            // z-lab's non-causal window also hides block keys more than `window - 1`
+            // ahead of a query; this forward shows a row every block key.
+            if window < block_size {
+                return Err(bad(
+                    "sliding_window",
+                    format!("{window} is smaller than block_size {block_size}: block rows would not all see each other"),
+                ));
+            }
+        }
+        Ok(Dflash2 {
+            conv_kernel_size: kernel,
+            conv_group_size: group,
+            selector_rank: rank,
+            selector_top_k: top_k,
+            final_logit_softcapping,
+            output_multiplier,
         })
     }
 }

@@ -12,7 +12,10 @@
 //!   `x += o(attn(rms(x)))`, `x += mlp(rms(x))` where attention is **not causal**: every
 //!   block query sees every context key (within the sliding window) and all block keys;
 //!   queries are `rope(q_norm(q_proj(h)))`. Output `norm(x)`; rows `1..` are scored by
-//!   a hook (the target's head + argmax, or a DFlash 2 selector).
+//!   a hook (the target's head + argmax), or, for a DFlash 2 draft, by its selector
+//!   over the hook's head logits (soft-capped), walked from the anchor token.
+//! - DFlash 2 wraps each sublayer in a grouped dynamic convolution over the block's rows
+//!   (its input before, its output after; the equations are in `v2.rs`).
 //!
 //! [`draft_forward`] computes from scratch over all committed rows;
 //! [`draft_forward_cached`] folds only new rows into a cache. Every kernel computes a row
@@ -38,6 +41,7 @@ use q4nx_format::Q4Matrix;
 use crate::config::DraftConfig;
 use crate::error::{DraftError, Result};
 use crate::package::{DraftModel, Gain, Projection};
+use crate::v2::{self, ConvWeights, Selection, SelectorWeights, Sublayer, V2Tensor};
 
 /// What the draft borrows from the target.
 pub trait DraftHooks {
@@ -45,6 +49,12 @@ pub trait DraftHooks {
     fn embed(&self, tokens: &[u32]) -> Vec<f32>;
     /// Turns final-normed drafted rows (`n x hidden`) into tokens.
     fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32>;
+    /// The head's logits of final-normed drafted rows (`n x vocab`), the same head
+    /// [`DraftHooks::pick`] picks from: what a DFlash 2 draft's selector rescores. `None`
+    /// (the default) when the hooks offer only picks; a DFlash 2 round then fails by name.
+    fn logits(&self, _hidden: &[f32], _n: usize) -> Option<Vec<f32>> {
+        None
+    }
     /// Runs `f` where the round's parallel loops should run: the target's thread team,
     /// so the round does not wake a second pool beside the one the passes spin on.
     /// The default runs `f` here (on a team already installed, else rayon's pool).
@@ -86,6 +96,8 @@ struct LayerViews<'a> {
     post_norm: Vec<f32>,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
+    /// DFlash 2's convolutions around attention and MLP (`None` for DFlash 1).
+    conv: Option<[ConvWeights<'a>; 2]>,
 }
 
 /// The draft's weights ready for the forward: tile views into the mapped file and the
@@ -99,6 +111,8 @@ pub struct DraftWeights<'a> {
     fc: &'a [u8],
     hidden_norm: Vec<f32>,
     final_norm: Vec<f32>,
+    /// DFlash 2's candidate selector (`None` for DFlash 1).
+    selector: Option<SelectorWeights<'a>>,
     kernel: Isa,
 }
 
@@ -124,8 +138,19 @@ impl DraftModel {
     /// repacked here, once; the same size as the tiles).
     pub fn weights_at(&self, kernel: Isa, precision: DraftPrecision) -> Result<DraftWeights<'_>> {
         let mut layers = Vec::with_capacity(self.config.num_layers);
+        let is_v2 = self.config.v2.is_some();
+        let conv = |l: usize, s: Sublayer| -> Result<ConvWeights<'_>> {
+            Ok(ConvWeights {
+                base: self.decode_v2(V2Tensor::ConvBase(l, s))?,
+                projection: self.v2_tensor(V2Tensor::ConvProjection(l, s))?.bytes,
+            })
+        };
         for l in 0..self.config.num_layers {
             layers.push(LayerViews {
+                conv: match is_v2 {
+                    false => None,
+                    true => Some([conv(l, Sublayer::Attention)?, conv(l, Sublayer::Mlp)?]),
+                },
                 q: self.projection(l, Projection::Q)?,
                 k: self.projection(l, Projection::K)?,
                 v: self.projection(l, Projection::V)?,
@@ -174,6 +199,14 @@ impl DraftModel {
             fc: self.fusion_stored()?,
             hidden_norm: self.decode_gain(Gain::Hidden)?,
             final_norm: self.decode_gain(Gain::Final)?,
+            selector: match is_v2 {
+                false => None,
+                true => Some(SelectorWeights {
+                    projection: self.v2_tensor(V2Tensor::SelectorProjection)?.bytes,
+                    predecessor: self.v2_tensor(V2Tensor::PredecessorCodebook)?.bytes,
+                    successor: self.v2_tensor(V2Tensor::SuccessorCodebook)?.bytes,
+                }),
+            },
             kernel,
         })
     }
@@ -212,6 +245,14 @@ impl DraftWeights<'_> {
                 out
             })
             .collect()
+    }
+
+    /// `w · x` for a row-major BF16 `w` of `rows x hidden`, over `n` rows (the `dense`
+    /// family: every row computed the same way whatever `n`).
+    fn project_bf16(&self, w: &[u8], rows: usize, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; n * rows];
+        dense::matmul_bf16(w, rows, self.config.hidden_size, x, n, &mut y, self.kernel);
+        y
     }
 
     /// Keys (before norm and rope) and values of `n` rows of `x` for layer `l`.
@@ -415,6 +456,8 @@ pub struct DraftOutput {
     /// Picks for block rows `1..=picks` (`1..block_size` unless fewer were asked for,
     /// [`draft_block`]): row `i` drafts the token at `pos + i`.
     pub tokens: Vec<u32>,
+    /// A DFlash 2 draft's selector: its unary logits, candidates and scores per pick.
+    pub selection: Option<Selection>,
 }
 
 fn check_block(c: &DraftConfig, block: &[u32], pos: usize, cache_len: usize) -> Result<()> {
@@ -492,7 +535,7 @@ fn run_block(
     pos: usize,
     hooks: &dyn DraftHooks,
     picks: usize,
-) -> DraftOutput {
+) -> Result<DraftOutput> {
     let c = &w.config;
     let (h, hd, b) = (c.hidden_size, c.head_dim, block.len());
     let qd = c.num_heads * hd;
@@ -511,6 +554,17 @@ fn run_block(
     for (l, layer) in w.layers.iter().enumerate() {
         let packed = w.packed.get(l);
         kernels::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
+        // DFlash 2: the attention's input convolved over the block; the coefficients for
+        // its output come from this same input.
+        let attention_conv = match (&c.v2, &layer.conv) {
+            (Some(d), Some([conv, _])) => {
+                let dynamic =
+                    w.project_bf16(conv.projection, d.kernel_projection_rows(h), &normed, b);
+                normed = v2::convolve(d, &conv.base, &dynamic, 0, &normed, b, h);
+                Some((d, conv, dynamic))
+            }
+            _ => None,
+        };
         // Keys and values per kv head: committed context, then the whole block (the
         // block's rows quantized once, for k|v and for q).
         let (k, v) = w.kv(l, &normed, &mut xq, b);
@@ -562,18 +616,30 @@ fn run_block(
                 &mut attn,
             );
         }
-        let o = match packed {
+        let mut o = match packed {
             Some(p) => {
                 xq.quantize_from(&attn, b, qd);
                 w.project_q8(&p.o, &xq, 1).pop().expect("one part")
             }
             None => w.project(&layer.o, &attn, b),
         };
+        if let Some((d, conv, dynamic)) = attention_conv {
+            o = v2::convolve(d, &conv.base, &dynamic, 1, &o, b, h);
+        }
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
         }
         kernels::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-        let down = match packed {
+        let mlp_conv = match (&c.v2, &layer.conv) {
+            (Some(d), Some([_, conv])) => {
+                let dynamic =
+                    w.project_bf16(conv.projection, d.kernel_projection_rows(h), &normed, b);
+                normed = v2::convolve(d, &conv.base, &dynamic, 0, &normed, b, h);
+                Some((d, conv, dynamic))
+            }
+            _ => None,
+        };
+        let mut down = match packed {
             Some(p) => {
                 xq.quantize_from(&normed, b, h);
                 let mut gate_up = w.project_q8(&p.gate_up, &xq, 2);
@@ -590,6 +656,9 @@ fn run_block(
                 w.project(&layer.down, &gate, b)
             }
         };
+        if let Some((d, conv, dynamic)) = mlp_conv {
+            down = v2::convolve(d, &conv.base, &dynamic, 1, &down, b, h);
+        }
         for (xv, dv) in x.iter_mut().zip(&down) {
             *xv += dv;
         }
@@ -600,15 +669,52 @@ fn run_block(
     let mut hidden = vec![0f32; b * h];
     kernels::rms_norm(&x, &w.final_norm, c.rms_norm_eps, &mut hidden);
     let picks = picks.min(b - 1);
-    let tokens = match picks {
-        0 => Vec::new(),
-        _ => hooks.pick(&hidden[h..(1 + picks) * h], picks),
+    let rows = &hidden[h..(1 + picks) * h];
+    let (tokens, selection) = match (&c.v2, &w.selector) {
+        _ if picks == 0 => (Vec::new(), None),
+        (Some(d), Some(sw)) => {
+            let sel = run_selector(w, d, sw, hooks, rows, picks, block[0])?;
+            (sel.tokens.clone(), Some(sel))
+        }
+        _ => (hooks.pick(rows, picks), None),
     };
-    DraftOutput {
+    Ok(DraftOutput {
         hidden,
         layer_outputs,
         tokens,
+        selection,
+    })
+}
+
+/// DFlash 2's pick: the hooks' head logits of the drafted rows, soft-capped, rescored
+/// by the selector walking from `anchor` (see `v2.rs`).
+fn run_selector(
+    w: &DraftWeights,
+    d: &crate::config::Dflash2,
+    sw: &SelectorWeights,
+    hooks: &dyn DraftHooks,
+    rows: &[f32],
+    picks: usize,
+    anchor: u32,
+) -> Result<Selection> {
+    let bad = |problem: String| DraftError::Tensor {
+        path: "<forward>".into(),
+        tensor: "head logits".into(),
+        problem,
+    };
+    let vocab = w.config.vocab_size.unwrap_or(0);
+    let mut logits = hooks.logits(rows, picks).ok_or_else(|| {
+        bad("are not offered by the draft hooks; a DFlash 2 selector rescores them".into())
+    })?;
+    if logits.len() != picks * vocab {
+        return Err(bad(format!(
+            "have {} values, not {picks} rows of the draft's vocabulary {vocab}",
+            logits.len()
+        )));
     }
+    v2::unary_logits(d, &mut logits);
+    let projected = w.project_bf16(sw.projection, d.selector_rank, rows, picks);
+    Ok(v2::select(d, sw, logits, &projected, picks, anchor))
 }
 
 /// Drafts a block from scratch: all `n_ctx` committed tap rows are fused and folded.
@@ -658,7 +764,7 @@ pub fn draft_block(
     hooks.install(&mut || {
         out = Some(cache.fold(w, new_rows, n_new).and_then(|()| {
             check_block(&w.config, block, pos, cache.len())?;
-            Ok(run_block(w, cache, block, pos, hooks, picks))
+            run_block(w, cache, block, pos, hooks, picks)
         }));
     });
     out.expect("install runs the round")

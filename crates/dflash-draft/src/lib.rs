@@ -47,10 +47,11 @@ mod import;
 mod orientation;
 mod package;
 pub mod synthetic;
+mod v2;
 
 pub use builder::PackageBuilder;
 pub use config::{
-    DraftConfig, ScalarKind, ARCHITECTURE, ARCHITECTURE_V2, DEFAULT_WEIGHTS, SCALARS,
+    Dflash2, DraftConfig, ScalarKind, ARCHITECTURE, ARCHITECTURE_V2, DEFAULT_WEIGHTS, SCALARS,
 };
 pub use error::{DraftError, Result};
 pub use forward::{
@@ -63,3 +64,4 @@ pub use package::{
     load_draft, load_draft_with, verify_manifest, DraftModel, Gain, LoadOptions, Projection,
     TargetShape, FUSION, MANIFEST,
 };
+pub use v2::{Selection, Sublayer, V2Tensor};

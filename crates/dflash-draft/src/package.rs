@@ -292,6 +292,16 @@ impl DraftModel {
         self.container.path()
     }
 
+    /// The weight file's path, for messages.
+    pub(crate) fn weights_path(&self) -> &str {
+        self.container.path()
+    }
+
+    /// The mapped weight file.
+    pub(crate) fn container(&self) -> &Container {
+        &self.container
+    }
+
     fn tensor_err(&self, tensor: &str, problem: String) -> DraftError {
         DraftError::Tensor {
             path: self.path().into(),
@@ -342,6 +352,7 @@ impl DraftModel {
             self.check_scalar(name, key, kind)?;
             expected.push(name.into());
         }
+        expected.extend(self.check_v2()?);
         if let Some(extra) = self
             .container
             .tensors()
@@ -349,7 +360,10 @@ impl DraftModel {
         {
             return Err(self.tensor_err(
                 extra.name,
-                "is not part of a DFlash draft (a package built for another architecture?)".into(),
+                match self.config.v2 {
+                    None => "is not part of a DFlash draft (a package built for another architecture?)".into(),
+                    Some(_) => "is not part of a DFlash 2 draft (a package built for another architecture?)".into(),
+                },
             ));
         }
         Ok(())
@@ -460,10 +474,32 @@ impl DraftModel {
         self.container.file_len()
     }
 
-    /// The upstream inventory line.
+    /// The generation: `DFlash` or `DFlash 2`.
+    pub fn generation(&self) -> &'static str {
+        match self.config.v2 {
+            None => "DFlash",
+            Some(_) => "DFlash 2",
+        }
+    }
+
+    /// The upstream inventory line (for DFlash 2, its convolution and selector geometry
+    /// after it).
     pub fn inventory_line(&self) -> String {
         let c = &self.config;
         let taps: Vec<String> = c.target_layer_ids.iter().map(|t| t.to_string()).collect();
+        let v2 = match &c.v2 {
+            None => String::new(),
+            Some(d) => format!(
+                "; DFlash 2: conv {} taps, groups of {}; selector rank {}, top-{}; softcap {}, output multiplier {}",
+                d.conv_kernel_size,
+                d.conv_group_size,
+                d.selector_rank,
+                d.selector_top_k,
+                d.final_logit_softcapping
+                    .map_or("none".to_string(), |v| v.to_string()),
+                d.output_multiplier
+            ),
+        };
         format!(
             "{} tensors, {} bytes; {} layers, hidden {}, intermediate {}, {} heads / {} kv x {}, block {}, taps {}",
             self.tensor_count(),
@@ -476,7 +512,7 @@ impl DraftModel {
             c.head_dim,
             c.block_size,
             taps.join(" ")
-        )
+        ) + &v2
     }
 
     /// Checks that this draft can run against a target.
@@ -497,6 +533,14 @@ impl DraftModel {
                 "mask_token_id {} is not below the target's vocabulary of {}",
                 c.mask_token_id, target.vocab_size
             )));
+        }
+        if let (Some(_), Some(vocab)) = (&c.v2, c.vocab_size) {
+            if vocab != target.vocab_size {
+                return Err(bad(format!(
+                    "the DFlash 2 selector's codebooks have {vocab} rows, but the target's vocabulary has {} tokens",
+                    target.vocab_size
+                )));
+            }
         }
         if c.hidden_size != target.hidden_size {
             return Err(bad(format!(

@@ -7,12 +7,13 @@
 use std::path::Path;
 
 use half::bf16;
-use q4nx_format::{Q4Group, TileBuilder, GROUP_COLS};
+use q4nx_format::{ContainerWriter, Q4Group, TileBuilder, GROUP_COLS};
 
 use crate::builder::PackageBuilder;
-use crate::config::{DraftConfig, DEFAULT_WEIGHTS};
-use crate::error::Result;
+use crate::config::{Dflash2, DraftConfig, DEFAULT_WEIGHTS};
+use crate::error::{DraftError, Result};
 use crate::package::{Gain, Projection};
+use crate::v2::{Sublayer, V2Tensor};
 
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -107,6 +108,7 @@ pub fn small_config() -> DraftConfig {
         vocab_size: Some(512),
         max_position_embeddings: 2048,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 
@@ -129,6 +131,7 @@ pub fn bolt_config() -> DraftConfig {
         vocab_size: Some(262_144),
         max_position_embeddings: 131_072,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 
@@ -156,7 +159,74 @@ pub fn smollm2_config() -> DraftConfig {
         vocab_size: Some(49_152),
         max_position_embeddings: 8192,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
+}
+
+/// The published DFlash 2 geometry (z-lab's `dflash2-config.json`): two taps in groups
+/// of 16 channels, a rank-256 selector over the top 16 candidates, softcap 20 and the
+/// published output multiplier.
+pub fn published_v2() -> Dflash2 {
+    Dflash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 256,
+        selector_top_k: 16,
+        final_logit_softcapping: Some(20.0),
+        output_multiplier: 0.196_116_14,
+    }
+}
+
+/// [`small_config`] as a DFlash 2 draft: two taps in groups of 16, rank 16 over top-8,
+/// softcap 4, multiplier 0.5.
+pub fn small_v2_config() -> DraftConfig {
+    DraftConfig {
+        v2: Some(Dflash2 {
+            conv_kernel_size: 2,
+            conv_group_size: 16,
+            selector_rank: 16,
+            selector_top_k: 8,
+            final_logit_softcapping: Some(4.0),
+            output_multiplier: 0.5,
+        }),
+        ..small_config()
+    }
+}
+
+/// A DFlash 2 draft of SmolLM2-135M's geometry ([`smollm2_config`]) with the published
+/// convolution and selector geometry ([`published_v2`]) and the published block of 16.
+pub fn smollm2_v2_config() -> DraftConfig {
+    DraftConfig {
+        block_size: 16,
+        v2: Some(published_v2()),
+        ..smollm2_config()
+    }
+}
+
+/// A synthetic DFlash 2 tensor's element `i` (bf16 values): base kernels near the
+/// identity at tap 0 and small elsewhere, small dynamic projections, the selector's
+/// projection and codebooks pseudo-normal.
+pub fn v2_value(seed: u64, which: V2Tensor, shape: &[usize], i: usize) -> f32 {
+    let (id, scale) = match which {
+        V2Tensor::ConvBase(l, s) => (200 + 2 * l as u64 + (s == Sublayer::Mlp) as u64, 0.3),
+        V2Tensor::ConvProjection(l, s) => (
+            300 + 2 * l as u64 + (s == Sublayer::Mlp) as u64,
+            0.3 / (shape[1] as f32).sqrt(),
+        ),
+        V2Tensor::SelectorProjection => (400, 1.0 / (shape[1] as f32).sqrt()),
+        V2Tensor::PredecessorCodebook => (401, 0.3),
+        V2Tensor::SuccessorCodebook => (402, 0.3),
+    };
+    let centred = 2.0 * unit(seed, id, i as u64) - 1.0;
+    let mut v = centred * scale * 1.7;
+    if let V2Tensor::ConvBase(..) = which {
+        // [2][K][H]: tap 0 of either set near 1.
+        let (k, h) = (shape[1], shape[2]);
+        if (i / h).is_multiple_of(k) {
+            v += 1.0;
+        }
+    }
+    bf16::from_f32(v).to_f32()
 }
 
 /// Writes a synthetic package for `config` into `dir`.
@@ -188,5 +258,106 @@ pub fn write_synthetic(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()
         }
     }
     b.fusion(&fc)?;
+    for which in V2Tensor::all(config.num_layers) {
+        let Some(shape) = which.shape(config) else {
+            break;
+        };
+        let values: Vec<f32> = (0..shape.iter().product())
+            .map(|i| v2_value(seed, which, &shape, i))
+            .collect();
+        b.v2_tensor(which, &values)?;
+    }
     b.write(dir, None)
+}
+
+/// Writes the same synthetic draft in z-lab's Hugging Face layout (what
+/// `onebit convert-draft` imports): `config.json` with the draft keys in `dflash_config`
+/// (the published spelling; `is_causal: false`, full-attention layers) and
+/// `model.safetensors` with the source names — projections F32 (q4_1-exact values),
+/// norms, fusion matrix and DFlash 2's tensors BF16.
+pub fn write_zlab_source(dir: &Path, config: &DraftConfig, seed: u64) -> Result<()> {
+    let io = |path: &Path, e: std::io::Error| DraftError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let c = config;
+    let mut w = ContainerWriter::new();
+    for layer in 0..c.num_layers {
+        for which in Projection::ALL {
+            let (n, k) = which.shape(c);
+            let values: Vec<f32> = (0..n * k)
+                .map(|i| projection_value(seed, layer, which, i / k, i % k))
+                .collect();
+            let name = which.tensor_name(layer);
+            w.add_f32(name.trim_start_matches("model."), &[n, k], &values)?;
+        }
+    }
+    for gain in Gain::all(c.num_layers) {
+        let values: Vec<f32> = (0..gain.len(c))
+            .map(|i| gain_value(seed, gain, i))
+            .collect();
+        let name = gain.tensor_name();
+        w.add_bf16(name.trim_start_matches("model."), &[values.len()], &values)?;
+    }
+    let (h, width) = (c.hidden_size, c.context_width());
+    let fc: Vec<f32> = (0..h * width)
+        .map(|i| fusion_value(seed, i / width, i % width))
+        .collect();
+    w.add_bf16("fc.weight", &[h, width], &fc)?;
+    for which in V2Tensor::all(c.num_layers) {
+        let Some(shape) = which.shape(c) else {
+            break;
+        };
+        let values: Vec<f32> = (0..shape.iter().product())
+            .map(|i| v2_value(seed, which, &shape, i))
+            .collect();
+        w.add_bf16(which.source_name(), &shape, &values)?;
+    }
+    let weights = dir.join("model.safetensors");
+    w.write_file(&weights)?;
+    let mut draft = serde_json::json!({
+        "mask_token_id": c.mask_token_id,
+        "target_layer_ids": c.target_layer_ids,
+        "block_size": c.block_size,
+    });
+    let arch = match &c.v2 {
+        None => crate::config::ARCHITECTURE,
+        Some(d) => {
+            draft["conv_kernel_size"] = d.conv_kernel_size.into();
+            draft["conv_group_size"] = d.conv_group_size.into();
+            draft["selector_rank"] = d.selector_rank.into();
+            draft["selector_top_k"] = d.selector_top_k.into();
+            draft["final_logit_softcapping"] = d.final_logit_softcapping.into();
+            draft["output_multiplier"] = d.output_multiplier.into();
+            crate::config::ARCHITECTURE_V2
+        }
+    };
+    let json = serde_json::json!({
+        "architectures": [arch],
+        "model_type": "qwen3",
+        "attention_bias": false,
+        "is_causal": false,
+        "block_size": c.block_size,
+        "dflash_config": draft,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "layer_types": vec!["full_attention"; c.num_layers],
+        "max_position_embeddings": c.max_position_embeddings,
+        "num_attention_heads": c.num_heads,
+        "num_hidden_layers": c.num_layers,
+        "num_key_value_heads": c.num_kv_heads,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "sliding_window": c.sliding_window,
+        "vocab_size": c.vocab_size,
+    });
+    let path = dir.join("config.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n",
+    )
+    .map_err(|e| io(&path, e))
 }

@@ -120,7 +120,7 @@ fn import_refuses_a_bad_pairing_and_a_non_draft() {
         .to_string();
     assert!(
         msg.contains(
-            "[0] is 'Qwen3ForCausalLM', not 'DFlashDraftModel' (not a z-lab DFlash draft)"
+            "[0] is 'Qwen3ForCausalLM', not 'DFlashDraftModel' or 'DFlash2DraftModel' (not a z-lab DFlash draft)"
         ),
         "{msg}"
     );
@@ -152,4 +152,80 @@ fn import_refuses_an_unexplained_source_tensor() {
         msg.contains("tensor 'layers.0.mlp.extra_bias' has no place in a DFlash draft package"),
         "{msg}"
     );
+}
+
+type ConfigEdit = Box<dyn Fn(&mut serde_json::Value)>;
+
+/// A copy of the DFlash 2 source draft of `tests/data/dflash2-ref` with its config edited.
+fn dflash2_source(edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDir {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/dflash2-ref/draft");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// A DFlash 2 draft imports with its `dflash_config` keys lifted (so `inspect` says
+/// DFlash 2), and an attention pattern this forward does not run is refused by name.
+#[test]
+fn dflash2_import_and_its_refusals() {
+    let out = tempfile::tempdir().unwrap();
+    let report = import_zlab(dflash2_source(|_| {}).path(), out.path(), None).unwrap();
+    assert!(
+        report
+            .inventory
+            .contains("DFlash 2: conv 2 taps, groups of 16; selector rank 32, top-8; softcap 4, output multiplier 0.5"),
+        "{}",
+        report.inventory
+    );
+    let draft = dflash_draft::load_draft(out.path()).unwrap();
+    assert_eq!(draft.config.block_size, 8);
+    assert_eq!(draft.config.sliding_window, Some(24));
+    let cases: Vec<(ConfigEdit, &str)> = vec![
+        (
+            Box::new(|c| c["is_causal"] = true.into()),
+            "key 'is_causal' makes the block causal",
+        ),
+        (
+            Box::new(|c| {
+                c.as_object_mut().unwrap().remove("is_causal");
+            }),
+            "key 'is_causal' makes the block causal (set, or implied by sliding_attention layers)",
+        ),
+        (
+            Box::new(|c| {
+                c["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"])
+            }),
+            "key 'layer_types' mixes sliding and full attention",
+        ),
+        (
+            Box::new(|c| c["dflash_config"]["conv_group_size"] = 48.into()),
+            "key 'conv_group_size' 48 does not divide hidden_size 128",
+        ),
+    ];
+    for (edit, expect) in cases {
+        let out = tempfile::tempdir().unwrap();
+        let msg = import_zlab(dflash2_source(edit).path(), out.path(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("dflash draft: ") && msg.contains(expect),
+            "{msg}"
+        );
+    }
+    // Full-attention layers take no window.
+    let out = tempfile::tempdir().unwrap();
+    let source = dflash2_source(|c| {
+        c["layer_types"] = serde_json::json!(["full_attention", "full_attention"])
+    });
+    import_zlab(source.path(), out.path(), None).unwrap();
+    let draft = dflash_draft::load_draft(out.path()).unwrap();
+    assert_eq!(draft.config.sliding_window, None);
 }

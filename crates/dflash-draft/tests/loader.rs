@@ -4,11 +4,12 @@
 use std::path::Path;
 
 use dflash_draft::synthetic::{
-    fusion_value, gain_value, projection_value, small_config, write_synthetic,
+    fusion_value, gain_value, projection_value, small_config, small_v2_config, v2_value,
+    write_synthetic,
 };
 use dflash_draft::{
-    fusion_orientation, load_draft, load_draft_with, Gain, LoadOptions, Projection, TargetShape,
-    FUSION,
+    fusion_orientation, load_draft, load_draft_with, DraftConfig, Gain, LoadOptions, Projection,
+    Sublayer, TargetShape, V2Tensor, FUSION,
 };
 use q4nx_format::{Container, ContainerWriter, Dtype};
 use serde_json::Value;
@@ -291,7 +292,7 @@ fn missing_scalar() {
 }
 
 #[test]
-fn dflash2_is_refused_by_name() {
+fn dflash2_architecture_under_dflash_model_type() {
     let d = package();
     set_config(d.path(), |c| {
         c["architectures"] = serde_json::json!(["DFlash2DraftModel"])
@@ -299,9 +300,220 @@ fn dflash2_is_refused_by_name() {
     refused(
         d.path(),
         &[
-            "'DFlash2DraftModel': DFlash 2 packages",
-            "not supported yet",
+            "key 'architectures' [0] is 'DFlash2DraftModel', not 'DFlashDraftModel'",
+            "(model_type 'dflash')",
         ],
+    );
+}
+
+// ---- DFlash 2 ----
+
+fn v2_package() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_synthetic(dir.path(), &small_v2_config(), SEED).unwrap();
+    dir
+}
+
+#[test]
+fn dflash2_package_decodes_element_by_element() {
+    let d = v2_package();
+    let draft = load_draft(d.path()).unwrap();
+    assert_eq!(draft.generation(), "DFlash 2");
+    let c = &draft.config;
+    for which in V2Tensor::all(c.num_layers) {
+        let shape = which.shape(c).unwrap();
+        let values = draft.decode_v2(which).unwrap();
+        assert_eq!(values.len(), shape.iter().product::<usize>());
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(*v, v2_value(SEED, which, &shape, i), "{which:?} [{i}]");
+        }
+    }
+    assert_eq!(
+        V2Tensor::ConvProjection(0, Sublayer::Mlp).shape(c),
+        Some(vec![2 * 2 * (64 / 16), 64])
+    );
+    assert_eq!(
+        V2Tensor::PredecessorCodebook.tensor_name(),
+        "model.candidate_selector.predecessor_codebook"
+    );
+    assert!(
+        draft
+            .inventory_line()
+            .ends_with("; DFlash 2: conv 2 taps, groups of 16; selector rank 16, top-8; softcap 4, output multiplier 0.5"),
+        "{}",
+        draft.inventory_line()
+    );
+    // The config reads back as written.
+    let again = DraftConfig::from_json("x", &config_of(d.path())).unwrap();
+    assert_eq!(again, small_v2_config());
+}
+
+#[test]
+fn dflash2_missing_tensor() {
+    let d = v2_package();
+    rewrite(
+        d.path(),
+        |n| n != "model.layers.1.mlp_conv.kernel_projection.weight",
+        vec![],
+    );
+    refused(
+        d.path(),
+        &["no tensor named 'model.layers.1.mlp_conv.kernel_projection.weight'"],
+    );
+}
+
+#[test]
+fn dflash2_wrong_shape_and_dtype() {
+    let d = v2_package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.layers.0.attention_conv.base_kernel",
+            Dtype::BF16,
+            vec![2, 3, 64],
+            vec![0; 2 * 3 * 64 * 2],
+        )],
+    );
+    refused(
+        d.path(),
+        &[
+            "tensor 'model.layers.0.attention_conv.base_kernel' has shape [2, 3, 64], expected [2, 2, 64]",
+        ],
+    );
+    let d = v2_package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.candidate_selector.successor_codebook",
+            Dtype::F32,
+            vec![512, 16],
+            vec![0; 512 * 16 * 4],
+        )],
+    );
+    refused(
+        d.path(),
+        &["tensor 'model.candidate_selector.successor_codebook' has dtype F32, expected BF16"],
+    );
+}
+
+#[test]
+fn dflash2_non_finite_value() {
+    let d = v2_package();
+    let mut bytes = vec![0u8; 16 * 64 * 2];
+    bytes[2 * 37..2 * 38].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.candidate_selector.hidden_projection.weight",
+            Dtype::BF16,
+            vec![16, 64],
+            bytes,
+        )],
+    );
+    refused(
+        d.path(),
+        &["tensor 'model.candidate_selector.hidden_projection.weight' holds a non-finite value at element 37"],
+    );
+}
+
+#[test]
+fn dflash1_package_with_a_dflash2_tensor() {
+    let d = package();
+    rewrite(
+        d.path(),
+        |_| true,
+        vec![(
+            "model.layers.0.mlp_conv.base_kernel",
+            Dtype::BF16,
+            vec![2, 2, 64],
+            vec![0; 2 * 2 * 64 * 2],
+        )],
+    );
+    refused(
+        d.path(),
+        &["tensor 'model.layers.0.mlp_conv.base_kernel' is not part of a DFlash draft"],
+    );
+}
+
+#[test]
+fn dflash2_inconsistent_keys_are_refused_by_name() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "conv_group_size",
+            24.into(),
+            "key 'conv_group_size' 24 does not divide hidden_size 64",
+        ),
+        (
+            "conv_kernel_size",
+            5.into(),
+            "key 'conv_kernel_size' 5 exceeds block_size 4",
+        ),
+        (
+            "conv_kernel_size",
+            0.into(),
+            "key 'conv_kernel_size' is 0, not an integer in 1..=2^24",
+        ),
+        (
+            "selector_rank",
+            Value::Null,
+            "key 'selector_rank' is missing",
+        ),
+        (
+            "selector_top_k",
+            513.into(),
+            "key 'selector_top_k' 513 exceeds vocab_size 512",
+        ),
+        (
+            "vocab_size",
+            Value::Null,
+            "key 'vocab_size' is missing; a DFlash 2 draft's selector codebooks",
+        ),
+        (
+            "final_logit_softcapping",
+            (-1.0).into(),
+            "key 'final_logit_softcapping' is -1; a cap is positive",
+        ),
+        (
+            "output_multiplier",
+            0.into(),
+            "key 'output_multiplier' is 0",
+        ),
+        (
+            "output_multiplier",
+            "x".into(),
+            "key 'output_multiplier' is \"x\", not a finite number",
+        ),
+        (
+            "sliding_window",
+            3.into(),
+            "key 'sliding_window' 3 is smaller than block_size 4",
+        ),
+    ];
+    for (key, value, expect) in cases {
+        let d = v2_package();
+        set_config(d.path(), |c| c[key] = value.clone());
+        refused(d.path(), &[expect]);
+    }
+}
+
+#[test]
+fn dflash2_pairing_needs_the_targets_vocabulary() {
+    let d = v2_package();
+    let draft = load_draft(d.path()).unwrap();
+    let target = |vocab| TargetShape {
+        name: "t".into(),
+        num_layers: 4,
+        hidden_size: 64,
+        vocab_size: vocab,
+    };
+    draft.check_target(&target(512)).unwrap();
+    let msg = draft.check_target(&target(600)).unwrap_err().to_string();
+    assert!(
+        msg.contains("the DFlash 2 selector's codebooks have 512 rows, but the target's vocabulary has 600 tokens"),
+        "{msg}"
     );
 }
 

@@ -4,7 +4,9 @@
 //! rejected verify rows included). At `draft()` it folds the sink rows its
 //! [`DraftKvCache`] does not hold yet — only committed ones, since the sink was trimmed
 //! after every verify — and drafts the block `[last token, mask, ...]` with the cached
-//! draft forward, scoring only the k rows the round asks for with the target's head.
+//! draft forward, scoring only the k rows the round asks for with the target's head (a
+//! DFlash 2 draft's picks are its candidate selector's walk over those rows' soft-capped
+//! head logits, which the hooks' `logits` give).
 //! `commit_rows(m)` trims the sink back to its size at `draft()` time plus the `m`
 //! positions the round kept; after a plain step there is nothing to trim.
 

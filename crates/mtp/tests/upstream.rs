@@ -44,6 +44,7 @@ fn draft_config() -> DraftConfig {
         vocab_size: Some(512),
         max_position_embeddings: 256,
         weights: DEFAULT_WEIGHTS.into(),
+        v2: None,
     }
 }
 

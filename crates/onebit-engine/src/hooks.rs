@@ -60,6 +60,12 @@ impl DraftHooks for PackageHooks {
         self.model.proposal_picks(hidden, n)
     }
 
+    /// The proposal logits the picks come from ([`CpuModel::proposal_logits`]): what a
+    /// DFlash 2 draft's selector rescores.
+    fn logits(&self, hidden: &[f32], n: usize) -> Option<Vec<f32>> {
+        Some(self.model.proposal_logits(hidden, n))
+    }
+
     /// The round runs on the target model's thread team.
     fn install(&self, f: &mut dyn FnMut()) {
         self.model.install(f)

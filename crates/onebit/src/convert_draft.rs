@@ -1,5 +1,5 @@
-//! `onebit convert-draft ZLAB_DIR OUT_DIR [--target TARGET_DIR]`: a z-lab DFlash draft
-//! to an NPU draft package.
+//! `onebit convert-draft ZLAB_DIR OUT_DIR [--target TARGET_DIR]`: a z-lab DFlash (or
+//! DFlash 2) draft to an NPU draft package.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -49,6 +49,12 @@ pub fn run(args: &ConvertDraftArgs) -> Result<()> {
         "largest change: projections {:e}, norms {:e}, fusion {:e} (BF16)",
         report.max_projection_error, report.max_gain_error, report.max_fusion_error
     );
+    if report.inventory.contains("DFlash 2") {
+        println!(
+            "largest change: DFlash 2 convolutions and selector {:e} (BF16)",
+            report.max_v2_error
+        );
+    }
     println!(
         "converted {} in {:.2} s -> {}",
         args.zlab_dir.display(),

@@ -690,3 +690,75 @@ fn real_smollm2_default_path_stays_with_the_exact_path() {
     assert!(mean < 2e-4, "mean KL {mean:e}");
     assert!(p99 < 2e-3, "p99 KL {p99:e}");
 }
+
+/// A random DFlash 2 draft at the published convolution and selector geometry (two taps,
+/// groups of 16, rank 256, top-16, block 16) over SmolLM2's sizes, in z-lab's layout:
+/// `convert-draft` imports it against the target, `inspect` says DFlash 2, and `run
+/// --draft` drafts 15 tokens every round (`--fixed-k`) with the text of plain decoding.
+#[test]
+fn real_smollm2_dflash2_random_draft_converts_loads_and_keeps_the_plain_text() {
+    let test = "real_smollm2_dflash2_random_draft_converts_loads_and_keeps_the_plain_text";
+    let Some((_, pkg)) = smollm2(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (source, draft) = (dir.path().join("hf"), dir.path().join("draft"));
+    let config = dflash_draft::synthetic::smollm2_v2_config();
+    dflash_draft::synthetic::write_zlab_source(&source, &config, 235).unwrap();
+    let out = Command::cargo_bin("onebit")
+        .unwrap()
+        .arg("convert-draft")
+        .args([&source, &draft])
+        .arg("--target")
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("block 16")
+            && stdout.contains("DFlash 2: conv 2 taps, groups of 16; selector rank 256, top-16"),
+        "{stdout}"
+    );
+    let out = Command::cargo_bin("onebit")
+        .unwrap()
+        .arg("inspect")
+        .arg(&draft)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("DFlash 2"));
+    let run = |speculative: bool| -> Value {
+        let mut cmd = Command::cargo_bin("onebit").unwrap();
+        cmd.args(["run", "--json", "--ignore-eos", "--max-tokens", "48"])
+            .args(["--prompt", "The history of the printing press begins"])
+            .arg("--model")
+            .arg(&pkg);
+        if speculative {
+            cmd.args(["--fixed-k", "--draft-max", "15", "--draft"])
+                .arg(&draft);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (plain, spec) = (run(false), run(true));
+    assert_eq!(plain["tokens"].as_array().unwrap().len(), 48);
+    assert_eq!(
+        spec["tokens"], plain["tokens"],
+        "speculative text equals plain text"
+    );
+    let rounds = spec["speculative"]["rounds"].as_u64().unwrap();
+    assert!(rounds > 0, "no DFlash 2 round ran: {}", spec["speculative"]);
+    eprintln!(
+        "DFlash 2 random draft: {rounds} rounds of 15 drafts, {}",
+        spec["speculative"]["accepted"]
+    );
+}

@@ -312,6 +312,10 @@ impl dflash_draft::DraftHooks for CpuHooks {
         self.0.proposal_picks(hidden, n)
     }
 
+    fn logits(&self, hidden: &[f32], n: usize) -> Option<Vec<f32>> {
+        Some(self.0.proposal_logits(hidden, n))
+    }
+
     fn install(&self, f: &mut dyn FnMut()) {
         self.0.install(f)
     }
