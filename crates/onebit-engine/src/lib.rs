@@ -77,6 +77,9 @@ pub use text::{
 /// one chunk size of every prefill (`mtp::run`, `onebit bench` and the engine).
 pub use mtp::PREFILL_CHUNK;
 
+/// Prompt lookup's longest suffix n-gram by default ([`DrafterConfig::Lookup`]).
+pub use mtp::DEFAULT_MAX_NGRAM;
+
 /// Sampling parameters and their refusals, and log-probabilities (the engine's
 /// vocabulary for front ends, which need not name `mtp`).
 pub use mtp::{SamplingConfig, SamplingError, TokenLogprob, MAX_TOP_LOGPROBS};
@@ -241,6 +244,60 @@ pub struct TargetInfo {
     pub threads: usize,
     /// Weight bytes one pass reads.
     pub weight_bytes_per_pass: usize,
+}
+
+/// What a model is, for front ends that describe it (Ollama's `/api/show` and
+/// `/api/tags`) without reading the package's config themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// The architecture family in lower case (`llama`, `qwen3`, `gemma3`).
+    pub family: String,
+    /// Parameters, counted from the config's sizes (embedding, layers, head unless tied).
+    pub parameters: u64,
+    /// The model's own context limit (`max_position_embeddings`).
+    pub max_positions: usize,
+    /// The hidden size.
+    pub hidden_size: usize,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+}
+
+impl ModelFacts {
+    fn of(c: &npu_runtime::TargetConfig) -> ModelFacts {
+        let (h, i, v) = (
+            c.hidden_size as u64,
+            c.intermediate_size as u64,
+            c.vocab_size as u64,
+        );
+        let per_layer = h * c.q_dim() as u64 * 2 + h * c.kv_dim() as u64 * 2 + 3 * h * i + 2 * h;
+        let head = if c.tie_word_embeddings { 0 } else { v * h };
+        ModelFacts {
+            family: format!("{:?}", c.family).to_lowercase(),
+            parameters: v * h + head + c.num_layers as u64 * per_layer + h,
+            max_positions: c.max_positions,
+            hidden_size: c.hidden_size,
+            layers: c.num_layers,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            vocab_size: c.vocab_size,
+        }
+    }
+
+    /// Parameters for people (`135M`, `1.2B`), as Ollama's `parameter_size`.
+    pub fn parameter_size(&self) -> String {
+        let n = self.parameters as f64;
+        if n >= 1e9 {
+            format!("{:.1}B", n / 1e9)
+        } else {
+            format!("{:.0}M", n / 1e6)
+        }
+    }
 }
 
 /// What sessions share.
@@ -434,6 +491,11 @@ impl Engine {
         render_chat(template, messages, &self.chat_tokens, true)
     }
 
+    /// What the model is, from its config (for front ends that describe it).
+    pub fn facts(&self) -> ModelFacts {
+        ModelFacts::of(&self.package.config)
+    }
+
     /// What runs the target.
     pub fn info(&self) -> &TargetInfo {
         &self.info
@@ -541,9 +603,7 @@ impl Engine {
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
         let vocab = self.package.config.vocab_size;
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::Target(
-                npu_runtime::TargetError::TokenOutOfRange { token: bad, vocab },
-            ));
+            return Err(EngineError::TokenOutOfRange { token: bad, vocab });
         }
         Ok(())
     }
