@@ -876,6 +876,24 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "ollama-num-ctx-ignored",
+        file: "crates/onebit-serve/src/generate.rs",
+        find: "Some(n) if n <= server => Ok(n),",
+        replace: "Some(n) if n <= server => Ok(server),",
+        tests: &["-p", "onebit-serve", "--test", "serve", "num_ctx"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "ollama-final-object-without-draft-counters",
+        file: "crates/onebit-serve/src/encode.rs",
+        find: "if c.drafted {\n        v[\"draft_n\"]",
+        replace: "if false {\n        v[\"draft_n\"]",
+        tests: &["-p", "onebit-serve", "--test", "serve", "drafting_server"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "latest-tag-not-stripped",
         file: "crates/onebit-serve/src/lib.rs",
         find: "name.strip_suffix(\":latest\").unwrap_or(name)",
@@ -1179,6 +1197,7 @@ fn limit_for(baseline_secs: f64, factor: f64, min: Duration) -> Duration {
 /// (ARCHITECTURE.md's layers, top down).
 const DEPENDENTS_FIRST: &[&str] = &[
     "onebit",
+    "onebit-serve",
     "onebit-engine",
     "mtp",
     "npu-runtime",

@@ -217,7 +217,7 @@ pub(crate) fn timings(c: &Completion) -> Value {
 /// Ollama's closing statistics (durations in nanoseconds).
 pub(crate) fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
     let ns = |ms: f64| (ms * 1e6) as u64;
-    json!({
+    let mut v = json!({
         "done_reason": match c.stop { StopReason::Length => "length", _ => "stop" },
         "total_duration": ns(c.timings.prompt_ms + c.timings.predicted_ms),
         "load_duration": (load_seconds * 1e9) as u64,
@@ -225,7 +225,13 @@ pub(crate) fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
         "prompt_eval_duration": ns(c.timings.prompt_ms),
         "eval_count": c.tokens.len(),
         "eval_duration": ns(c.timings.predicted_ms),
-    })
+    });
+    // The speculative counters, named as in llama-server's `timings`.
+    if c.drafted {
+        v["draft_n"] = json!(c.stats.drafted);
+        v["draft_n_accepted"] = json!(c.stats.accepted);
+    }
+    v
 }
 
 #[cfg(test)]

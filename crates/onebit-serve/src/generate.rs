@@ -132,7 +132,7 @@ pub(crate) fn prepare_blocking(
     let ids = engine
         .tokenize(&job.prompt)
         .map_err(|e| prompt_error(e, &job.prompt))?;
-    let ctx = engine.ctx_len().unwrap_or(usize::MAX);
+    let ctx = context_of(&job, engine.ctx_len())?;
     let max_tokens = job.max_tokens.unwrap_or(ctx.saturating_sub(ids.len()));
     // Saturating: max_tokens may be anything up to 2^64 - 1.
     // 0 tokens is a request of its own only with echo (the prompt's log-probabilities).
@@ -598,4 +598,20 @@ pub(crate) fn stream_response(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .expect("a valid response")
+}
+
+/// The context a job runs in: the server's, or Ollama's `options.num_ctx` within it (a
+/// larger one is refused by name: the server's KV caches are sized for its own).
+fn context_of(job: &Job, server: Option<usize>) -> Result<usize, ApiError> {
+    let server = server.unwrap_or(usize::MAX);
+    match job.num_ctx {
+        None => Ok(server),
+        Some(n) if n <= server => Ok(n),
+        Some(n) => Err(ApiError::invalid(
+            Some("options.num_ctx"),
+            format!(
+                "'options.num_ctx' is {n}, more than this server's context of {server} tokens (onebit serve --ctx-len)"
+            ),
+        )),
+    }
 }

@@ -135,6 +135,8 @@ pub(crate) struct OllamaOptions {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub num_predict: Option<i64>,
+    /// The context size for this request (at most the server's `--ctx-len`).
+    pub num_ctx: Option<i64>,
     pub stop: Option<Vec<String>>,
 }
 
@@ -341,6 +343,8 @@ pub(crate) struct Job {
     /// `/v1/completions`' `echo`: the answer's text (and, with `logprobs`, its
     /// log-probabilities) starts with the prompt.
     pub echo: bool,
+    /// Ollama's `options.num_ctx`: the context this request runs in, within the server's.
+    pub num_ctx: Option<usize>,
 }
 
 pub(crate) fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
@@ -692,6 +696,7 @@ impl Job {
             unload: false,
             logprobs,
             echo,
+            num_ctx: None,
         })
     }
 
@@ -770,6 +775,16 @@ impl Job {
             }
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         };
+        let num_ctx = match o.num_ctx {
+            None => None,
+            Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    Some("options.num_ctx"),
+                    format!("'options.num_ctx' must be at least 1, got {n}"),
+                ))
+            }
+        };
         let seed = request_seed(o.seed);
         Ok(OllamaCall::Generate(Job {
             route,
@@ -800,6 +815,7 @@ impl Job {
             unload,
             logprobs,
             echo: false,
+            num_ctx,
         }))
     }
 }

@@ -758,6 +758,84 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
         "{t}"
     );
     lookup.wait_log("drafts ", 1);
+    // Ollama's final object carries the same counters, whole and streamed.
+    let body = json!({"model": "tiny-llama", "prompt": "one two three ".repeat(12), "raw": true, "stream": false,
+        "options": {"temperature": 0, "num_predict": 24}});
+    let (_, a) = plain.post("/api/generate", &body);
+    let (st, b) = lookup.post("/api/generate", &body);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(a["response"], b["response"]);
+    assert!(a.get("draft_n").is_none(), "{a}");
+    assert!(b["draft_n"].as_u64().unwrap() > 0, "{b}");
+    assert!(
+        b["draft_n_accepted"].as_u64().unwrap() <= b["draft_n"].as_u64().unwrap(),
+        "{b}"
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, text) = lookup.post_raw("/api/generate", &streamed);
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["done"], true, "{last}");
+    // (Not equal to the whole answer's: adaptive k has learnt from that request.)
+    assert!(last["draft_n"].as_u64().unwrap() > 0, "{last}");
+    assert!(
+        last["draft_n_accepted"].as_u64().unwrap() <= last["draft_n"].as_u64().unwrap(),
+        "{last}"
+    );
+}
+
+/// Ollama's `options.num_ctx` is the request's context within the server's `--ctx-len`:
+/// a request that does not fit it is refused with its number, an unbounded one stops at
+/// it, and a `num_ctx` beyond the server's (or below 1) is refused by name.
+#[test]
+fn ollama_num_ctx_is_honoured_within_the_servers_context() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &["--ctx-len", "128"], true);
+    let body = |options: Value| {
+        json!({"model": "tiny-llama", "prompt": "one two three four", "raw": true,
+        "stream": false, "options": options})
+    };
+    let (st, v) = s.post(
+        "/api/generate",
+        &body(json!({"num_ctx": 16, "num_predict": 64})),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("the context holds 16 tokens"),
+        "{v}"
+    );
+    // Without num_predict: generates up to the request's context, not the server's.
+    let (st, v) = s.post(
+        "/api/generate",
+        &body(json!({"num_ctx": 16, "temperature": 0})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let used = v["prompt_eval_count"].as_u64().unwrap() + v["eval_count"].as_u64().unwrap();
+    assert!(used <= 16, "{v}");
+    let (st, wide) = s.post("/api/generate", &body(json!({"temperature": 0})));
+    assert_eq!(st, 200, "{wide}");
+    if v["done_reason"] == "length" {
+        assert_eq!(used, 16, "{v}");
+        assert!(
+            wide["eval_count"].as_u64().unwrap() > v["eval_count"].as_u64().unwrap(),
+            "{wide}"
+        );
+    }
+    for (n, says) in [
+        (
+            json!(129),
+            "'options.num_ctx' is 129, more than this server's context of 128 tokens",
+        ),
+        (json!(0), "'options.num_ctx' must be at least 1, got 0"),
+        (json!(-5), "'options.num_ctx' must be at least 1, got -5"),
+    ] {
+        let (st, v) = s.post("/api/generate", &body(json!({"num_ctx": n})));
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+    }
 }
 
 /// A sampled completion of 24 tokens past end-of-sequence from a fixed token prompt.
