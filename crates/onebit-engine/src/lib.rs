@@ -661,6 +661,30 @@ pub enum DraftMode {
     Off,
     /// The engine's drafter, drafting exactly k tokens every round (no adaptive k).
     Fixed(usize),
+    /// Only prompt lookup (the engine's `Lookup`, or the lookup half of `Chained`);
+    /// refused when the engine has no lookup drafter.
+    LookupOnly,
+    /// Only the DFlash draft (the engine's `DFlash`, or the draft half of `Chained`);
+    /// refused when the engine has no draft.
+    DraftOnly,
+}
+
+impl DraftMode {
+    /// Whether the engine's drafter (`drafter`) can draft this way.
+    pub fn available(self, drafter: &DrafterConfig) -> bool {
+        match self {
+            DraftMode::Auto | DraftMode::Off => true,
+            DraftMode::Fixed(_) => *drafter != DrafterConfig::None,
+            DraftMode::LookupOnly => matches!(
+                drafter,
+                DrafterConfig::Lookup { .. } | DrafterConfig::Chained { .. }
+            ),
+            DraftMode::DraftOnly => matches!(
+                drafter,
+                DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }
+            ),
+        }
+    }
 }
 
 /// One generation.
@@ -948,6 +972,13 @@ impl Session {
                 "logprobs: at most {MAX_TOP_LOGPROBS} alternatives a token, got {n}"
             )));
         }
+        if !request.draft.available(&self.engine.config.drafter) {
+            return Err(EngineError::Invalid(format!(
+                "drafting mode {:?} needs a drafter the engine was not loaded with ({})",
+                request.draft,
+                self.engine.config.drafter.describe()
+            )));
+        }
         let ids = self.engine.tokenize(&request.prompt)?;
         self.engine.check_fits(ids.len(), request.max_tokens)?;
         // A member of the shared passes while it generates: finished, failed or
@@ -1028,14 +1059,23 @@ impl Session {
                 engine.package.config.eos_token_ids.clone()
             },
             sampling: request.sampling,
-            adaptive: if drafting && request.draft == DraftMode::Auto {
+            adaptive: if drafting && !matches!(request.draft, DraftMode::Fixed(_)) {
                 engine.adaptive.clone()
             } else {
                 None
             },
         };
+        // Which halves of the engine's drafter this request uses.
+        let (use_lookup, use_draft) = match request.draft {
+            DraftMode::LookupOnly => (true, false),
+            DraftMode::DraftOnly => (false, true),
+            _ => (true, true),
+        };
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
+            (DrafterConfig::Chained { ngram, .. }, true) if !use_draft => {
+                Some(Box::new(mtp::LookupHead::new(*ngram)))
+            }
             (DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }, true) => {
                 let d = engine
                     .draft
@@ -1044,10 +1084,9 @@ impl Session {
                 let hooks = self.target.draft_hooks(&engine.package)?;
                 let dflash = mtp::DFlashHead::new(d.weights, Box::new(hooks), self.taps.clone());
                 match &engine.config.drafter {
-                    DrafterConfig::Chained { ngram, .. } => Some(Box::new(mtp::ChainedHead::new(
-                        mtp::LookupHead::new(*ngram),
-                        dflash,
-                    ))),
+                    DrafterConfig::Chained { ngram, .. } if use_lookup => Some(Box::new(
+                        mtp::ChainedHead::new(mtp::LookupHead::new(*ngram), dflash),
+                    )),
                     _ => Some(Box::new(dflash)),
                 }
             }

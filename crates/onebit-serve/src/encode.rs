@@ -210,6 +210,15 @@ pub(crate) fn timings(c: &Completion) -> Value {
     if c.drafted {
         t["draft_n"] = json!(c.stats.drafted);
         t["draft_n_accepted"] = json!(c.stats.accepted);
+        // Verified rounds by drafter, when several were chained.
+        if !c.rounds_by_drafter.is_empty() {
+            let rounds: serde_json::Map<String, Value> = c
+                .rounds_by_drafter
+                .iter()
+                .map(|&(name, n)| (name.to_string(), json!(n)))
+                .collect();
+            t["draft_rounds"] = Value::Object(rounds);
+        }
     }
     t
 }

@@ -132,6 +132,19 @@ pub(crate) fn prepare_blocking(
     let ids = engine
         .tokenize(&job.prompt)
         .map_err(|e| prompt_error(e, &job.prompt))?;
+    if !job.draft.available(&engine.config().drafter) {
+        let (mode, flag) = match job.draft {
+            DraftMode::LookupOnly => ("lookup", "--lookup"),
+            _ => ("draft", "--draft DIR"),
+        };
+        return Err(ApiError::invalid(
+            Some("speculative.mode"),
+            format!(
+                "'speculative.mode' is {mode:?}, but this server was started without that drafter (drafter: {}; start it with {flag})",
+                engine.config().drafter.describe()
+            ),
+        ));
+    }
     let ctx = context_of(&job, engine.ctx_len())?;
     let max_tokens = job.max_tokens.unwrap_or(ctx.saturating_sub(ids.len()));
     // Saturating: max_tokens may be anything up to 2^64 - 1.
@@ -154,7 +167,7 @@ pub(crate) fn prepare_blocking(
         sampling: job.sampling,
         stop: job.stop.clone(),
         ignore_eos: job.ignore_eos,
-        draft: DraftMode::Auto,
+        draft: job.draft,
         logprobs: job.logprobs,
         prompt_logprobs: job.echo && job.logprobs.is_some(),
         ..Request::new(Prompt::Tokens(ids), max_tokens)

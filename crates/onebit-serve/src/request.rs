@@ -1,7 +1,7 @@
 //! The request bodies the server accepts (OpenAI, Ollama and llama-server shapes),
 //! checked into one [`Job`] before any work.
 
-use onebit_engine::{Message, Prompt, SamplingConfig, MAX_TOP_LOGPROBS};
+use onebit_engine::{DraftMode, Message, Prompt, SamplingConfig, MAX_TOP_LOGPROBS};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -120,6 +120,8 @@ pub(crate) struct OpenAiRequest {
     pub echo: Option<bool>,
     pub best_of: Option<u64>,
     pub suffix: Option<Value>,
+    /// onebit's extension: per-request drafting (`{"mode": "auto|off|lookup|draft"}`).
+    pub speculative: Option<Speculative>,
 }
 
 /// Ollama's `options`.
@@ -159,6 +161,30 @@ pub(crate) struct OllamaRequest {
     /// How long the model stays loaded after the request: a number of seconds or a Go
     /// duration ("5m"); 0 unloads.
     pub keep_alive: Option<Value>,
+    /// onebit's extension: per-request drafting (`{"mode": "auto|off|lookup|draft"}`).
+    pub speculative: Option<Speculative>,
+}
+
+/// The `speculative` extension field.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct Speculative {
+    pub mode: Option<String>,
+}
+
+/// The drafting a request's `speculative.mode` asks for: `auto` (the server's drafter,
+/// the default), `off` (plain decoding), `lookup` or `draft` (one drafter alone). Whether
+/// the server has that drafter is checked against the loaded engine.
+fn draft_mode(s: Option<Speculative>) -> Result<DraftMode, ApiError> {
+    match s.and_then(|s| s.mode).as_deref() {
+        None | Some("auto") => Ok(DraftMode::Auto),
+        Some("off") => Ok(DraftMode::Off),
+        Some("lookup") => Ok(DraftMode::LookupOnly),
+        Some("draft") => Ok(DraftMode::DraftOnly),
+        Some(other) => Err(ApiError::invalid(
+            Some("speculative.mode"),
+            format!("'speculative.mode' must be one of auto, off, lookup, draft; got {other:?}"),
+        )),
+    }
 }
 
 /// An Ollama request: a generation, or (no prompt, or no messages) a load or unload.
@@ -345,6 +371,8 @@ pub(crate) struct Job {
     pub echo: bool,
     /// Ollama's `options.num_ctx`: the context this request runs in, within the server's.
     pub num_ctx: Option<usize>,
+    /// `speculative.mode`: which drafting this request uses.
+    pub draft: DraftMode,
 }
 
 pub(crate) fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
@@ -549,6 +577,7 @@ pub(crate) fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiErro
 impl Job {
     /// A `/v1/chat/completions` (`chat`) or `/v1/completions` request.
     pub fn openai(r: OpenAiRequest, chat: bool) -> Result<Job, ApiError> {
+        let draft = draft_mode(r.speculative)?;
         if let Some(n) = r.n {
             if n != 1 {
                 return Err(ApiError::invalid(
@@ -697,12 +726,14 @@ impl Job {
             logprobs,
             echo,
             num_ctx: None,
+            draft,
         })
     }
 
     /// An `/api/chat` (`chat`) or `/api/generate` request: a generation, or, without a
     /// prompt (or messages), Ollama's load or unload.
     pub fn ollama(r: OllamaRequest, chat: bool) -> Result<OllamaCall, ApiError> {
+        let draft = draft_mode(r.speculative)?;
         let unload = match &r.keep_alive {
             None | Some(Value::Null) => false,
             Some(v) => keep_alive_seconds(v)? == 0.0,
@@ -816,6 +847,7 @@ impl Job {
             logprobs,
             echo: false,
             num_ctx,
+            draft,
         }))
     }
 }

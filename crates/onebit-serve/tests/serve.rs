@@ -1941,3 +1941,78 @@ fn shared_passes_answer_as_alone() {
         );
     }
 }
+
+/// The `speculative` extension field: every mode a server can honour answers with the
+/// plain server's text (greedy and seeded sampling, OpenAI and Ollama routes); `off`
+/// drafts nothing, `lookup` drafts; a mode asking for a drafter the server was not
+/// started with, or no mode at all, is refused by name.
+#[test]
+fn every_drafting_mode_answers_with_the_plain_text() {
+    let (_dir, pkg) = tiny();
+    let plain = Server::start(&pkg, &[], true);
+    let lookup = Server::start(&pkg, &["--lookup"], true);
+    let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.9, "seed": 77}),
+    ] {
+        let mut body = json!({"prompt": prompt, "max_tokens": 24, "ignore_eos": true});
+        merge_into(&mut body, sampling.clone());
+        let (st, want) = plain.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{want}");
+        for mode in ["auto", "off", "lookup"] {
+            body["speculative"] = json!({"mode": mode});
+            let (st, got) = lookup.post("/v1/completions", &body);
+            assert_eq!(st, 200, "{mode}: {got}");
+            assert_eq!(got["choices"], want["choices"], "{mode} {sampling}");
+            let drafted = got["timings"].get("draft_n").is_some();
+            assert_eq!(drafted, mode != "off", "{mode}: {}", got["timings"]);
+        }
+        // The plain server honours off and auto too.
+        for mode in ["auto", "off"] {
+            body["speculative"] = json!({"mode": mode});
+            let (st, got) = plain.post("/v1/completions", &body);
+            assert_eq!(st, 200, "{mode}: {got}");
+            assert_eq!(got["choices"], want["choices"], "{mode}");
+        }
+    }
+    let ollama = |mode: &str| {
+        json!({"model": "tiny-llama", "prompt": "one two three ".repeat(8), "raw": true, "stream": false,
+            "options": {"temperature": 0, "num_predict": 16}, "speculative": {"mode": mode}})
+    };
+    let (_, want) = plain.post("/api/generate", &ollama("auto"));
+    for mode in ["auto", "off", "lookup"] {
+        let (st, got) = lookup.post("/api/generate", &ollama(mode));
+        assert_eq!(st, 200, "{mode}: {got}");
+        assert_eq!(got["response"], want["response"], "{mode}");
+    }
+    // Refusals: a drafter the server lacks, an unknown mode.
+    let (st, e) = lookup.post("/api/generate", &ollama("draft"));
+    assert_eq!(st, 400, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains(
+            "'speculative.mode' is \"draft\", but this server was started without that drafter"
+        ),
+        "{e}"
+    );
+    let e = assert_error(
+        plain.post("/v1/chat/completions", &{
+            let mut c = chat("hi", 4);
+            c["speculative"] = json!({"mode": "lookup"});
+            c
+        }),
+        400,
+        "start it with --lookup",
+    );
+    assert_eq!(e["param"], "speculative.mode", "{e}");
+    let e = assert_error(
+        plain.post("/v1/chat/completions", &{
+            let mut c = chat("hi", 4);
+            c["speculative"] = json!({"mode": "fast"});
+            c
+        }),
+        400,
+        "'speculative.mode' must be one of auto, off, lookup, draft; got \"fast\"",
+    );
+    assert_eq!(e["param"], "speculative.mode", "{e}");
+}
