@@ -38,6 +38,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("no-unused-dependencies", no_unused_dependencies),
     ("binary-modules-acyclic", binary_modules_acyclic),
     ("skips-are-logged", skips_are_logged),
+    ("serve-depends-only-on-engine", serve_depends_only_on_engine),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -212,6 +213,68 @@ pub fn no_unused_dependencies(root: &Path) -> Result<Vec<Violation>> {
                         dep.table,
                         dep.name,
                         rel(root, &krate).display()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The server crate, which sees the model only through `onebit-engine`'s public API.
+pub const SERVE_CRATE: &str = "crates/onebit-serve";
+
+/// The onebit crates below the engine, which the server must neither depend on nor name.
+pub const BELOW_ENGINE: &[&str] = &[
+    "npu-runtime",
+    "mtp",
+    "onebit-kernels",
+    "dflash-draft",
+    "q4nx-format",
+    "q4nx-convert",
+    "xrt-sys",
+];
+
+/// `onebit-serve`'s `[dependencies]` hold `onebit-engine` and none of [`BELOW_ENGINE`]
+/// (its tests may build packages with them), and no file of its `src/` names one of
+/// them as a path (`npu_runtime::`, `use mtp`).
+pub fn serve_depends_only_on_engine(root: &Path) -> Result<Vec<Violation>> {
+    let krate = root.join(SERVE_CRATE);
+    let manifest = krate.join("Cargo.toml");
+    let mut out = Vec::new();
+    let deps = dependencies(&read(&manifest)?);
+    let normal: Vec<&Dep> = deps.iter().filter(|d| d.table == "dependencies").collect();
+    if !normal.iter().any(|d| d.name == "onebit-engine") {
+        out.push(Violation {
+            file: rel(root, &manifest),
+            line: 1,
+            message:
+                "onebit-serve does not depend on onebit-engine (the one onebit crate it may use)"
+                    .into(),
+        });
+    }
+    for dep in normal {
+        if BELOW_ENGINE.contains(&dep.name.as_str()) {
+            out.push(Violation {
+                file: rel(root, &manifest),
+                line: dep.line,
+                message: format!(
+                    "onebit-serve depends on `{}`, below onebit-engine: add what it needs to the engine's public API",
+                    dep.name
+                ),
+            });
+        }
+    }
+    for file in rust_files(&krate.join("src"))? {
+        let code = code_only(&read(&file)?);
+        for name in BELOW_ENGINE {
+            let ident = name.replace('-', "_");
+            for at in crate_name_sites(&code, &ident) {
+                out.push(Violation {
+                    file: rel(root, &file),
+                    line: line_of(&code, at),
+                    message: format!(
+                        "onebit-serve names `{ident}`, below onebit-engine: use the engine's public API"
                     ),
                 });
             }
@@ -435,14 +498,22 @@ fn dependencies(manifest: &str) -> Vec<Dep> {
 /// Whether `code` names the crate `ident` as a path root (`ident::`), in `use ident` or
 /// `extern crate ident` — not a field, method or local module of the same name.
 fn names_crate(code: &str, ident: &str) -> bool {
-    word_positions(code, ident).into_iter().any(|at| {
-        let before = code[..at].trim_end();
-        let after = code[at + ident.len()..].trim_start();
-        let rooted = !before.ends_with("::") && !before.ends_with('.');
-        (rooted && after.starts_with("::"))
-            || before.ends_with("use")
-            || before.ends_with("extern crate")
-    })
+    !crate_name_sites(code, ident).is_empty()
+}
+
+/// Where `code` names the crate `ident` ([`names_crate`]'s rule), as byte offsets.
+fn crate_name_sites(code: &str, ident: &str) -> Vec<usize> {
+    word_positions(code, ident)
+        .into_iter()
+        .filter(|&at| {
+            let before = code[..at].trim_end();
+            let after = code[at + ident.len()..].trim_start();
+            let rooted = !before.ends_with("::") && !before.ends_with('.');
+            (rooted && after.starts_with("::"))
+                || before.ends_with("use")
+                || before.ends_with("extern crate")
+        })
+        .collect()
 }
 
 /// The top-level module a file of the binary belongs to (`run.rs` → `run`,
@@ -737,6 +808,58 @@ mod tests {
                 found.iter().map(|v| format!("  {v}\n")).collect::<String>()
             );
         }
+    }
+
+    #[test]
+    fn the_server_reaching_below_the_engine_is_found() {
+        let manifest = "[package]\nname = \"onebit-serve\"\n\n[dependencies]\nonebit-engine.workspace = true\n\n[dev-dependencies]\nq4nx-convert.workspace = true\n";
+        let clean =
+            "//! Not `npu_runtime::TargetConfig` (a comment).\nuse onebit_engine::Engine;\n";
+        let t = tree(&[
+            ("crates/onebit-serve/Cargo.toml", manifest),
+            ("crates/onebit-serve/src/lib.rs", clean),
+            // Tests may build packages with lower crates.
+            (
+                "crates/onebit-serve/tests/t.rs",
+                "use q4nx_convert::GgufConverter;\n",
+            ),
+        ]);
+        assert!(serve_depends_only_on_engine(t.path()).unwrap().is_empty());
+        // A source naming a lower crate.
+        let t = tree(&[
+            ("crates/onebit-serve/Cargo.toml", manifest),
+            (
+                "crates/onebit-serve/src/lib.rs",
+                "fn f(c: &npu_runtime::TargetConfig) {}\n",
+            ),
+        ]);
+        let v = only(serve_depends_only_on_engine(t.path()).unwrap());
+        assert!(v.starts_with("crates/onebit-serve/src/lib.rs:1: "), "{v}");
+        assert!(v.contains("`npu_runtime`"), "{v}");
+        // A lower crate among the dependencies.
+        let t = tree(&[
+            (
+                "crates/onebit-serve/Cargo.toml",
+                &manifest.replace(
+                    "[dev-dependencies]",
+                    "mtp.workspace = true\n\n[dev-dependencies]",
+                ),
+            ),
+            ("crates/onebit-serve/src/lib.rs", clean),
+        ]);
+        let v = only(serve_depends_only_on_engine(t.path()).unwrap());
+        assert!(v.starts_with("crates/onebit-serve/Cargo.toml:7: "), "{v}");
+        assert!(v.contains("depends on `mtp`"), "{v}");
+        // No engine at all.
+        let t = tree(&[
+            (
+                "crates/onebit-serve/Cargo.toml",
+                "[package]\nname = \"onebit-serve\"\n",
+            ),
+            ("crates/onebit-serve/src/lib.rs", clean),
+        ]);
+        assert!(only(serve_depends_only_on_engine(t.path()).unwrap())
+            .contains("does not depend on onebit-engine"));
     }
 
     #[test]

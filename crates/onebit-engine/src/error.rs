@@ -35,6 +35,15 @@ pub enum EngineError {
     /// fallback, [`crate::FALLBACK_CHAT_TEMPLATE`]).
     #[error("the package has no chat_template in config.json")]
     NoChatTemplate,
+    /// A token id (of a prompt, or given to detokenize) is not below the vocabulary size:
+    /// the caller's ids are at fault (a server answers 400).
+    #[error("target: token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The offending token id.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
     /// The prompt has no tokens.
     #[error("the prompt is empty")]
     EmptyPrompt,

@@ -77,6 +77,9 @@ pub use text::{
 /// one chunk size of every prefill (`mtp::run`, `onebit bench` and the engine).
 pub use mtp::PREFILL_CHUNK;
 
+/// Prompt lookup's longest suffix n-gram by default ([`DrafterConfig::Lookup`]).
+pub use mtp::DEFAULT_MAX_NGRAM;
+
 /// Sampling parameters and their refusals, and log-probabilities (the engine's
 /// vocabulary for front ends, which need not name `mtp`).
 pub use mtp::{SamplingConfig, SamplingError, TokenLogprob, MAX_TOP_LOGPROBS};
@@ -241,6 +244,60 @@ pub struct TargetInfo {
     pub threads: usize,
     /// Weight bytes one pass reads.
     pub weight_bytes_per_pass: usize,
+}
+
+/// What a model is, for front ends that describe it (Ollama's `/api/show` and
+/// `/api/tags`) without reading the package's config themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// The architecture family in lower case (`llama`, `qwen3`, `gemma3`).
+    pub family: String,
+    /// Parameters, counted from the config's sizes (embedding, layers, head unless tied).
+    pub parameters: u64,
+    /// The model's own context limit (`max_position_embeddings`).
+    pub max_positions: usize,
+    /// The hidden size.
+    pub hidden_size: usize,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+}
+
+impl ModelFacts {
+    fn of(c: &npu_runtime::TargetConfig) -> ModelFacts {
+        let (h, i, v) = (
+            c.hidden_size as u64,
+            c.intermediate_size as u64,
+            c.vocab_size as u64,
+        );
+        let per_layer = h * c.q_dim() as u64 * 2 + h * c.kv_dim() as u64 * 2 + 3 * h * i + 2 * h;
+        let head = if c.tie_word_embeddings { 0 } else { v * h };
+        ModelFacts {
+            family: format!("{:?}", c.family).to_lowercase(),
+            parameters: v * h + head + c.num_layers as u64 * per_layer + h,
+            max_positions: c.max_positions,
+            hidden_size: c.hidden_size,
+            layers: c.num_layers,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            vocab_size: c.vocab_size,
+        }
+    }
+
+    /// Parameters for people (`135M`, `1.2B`), as Ollama's `parameter_size`.
+    pub fn parameter_size(&self) -> String {
+        let n = self.parameters as f64;
+        if n >= 1e9 {
+            format!("{:.1}B", n / 1e9)
+        } else {
+            format!("{:.0}M", n / 1e6)
+        }
+    }
 }
 
 /// What sessions share.
@@ -434,6 +491,11 @@ impl Engine {
         render_chat(template, messages, &self.chat_tokens, true)
     }
 
+    /// What the model is, from its config (for front ends that describe it).
+    pub fn facts(&self) -> ModelFacts {
+        ModelFacts::of(&self.package.config)
+    }
+
     /// What runs the target.
     pub fn info(&self) -> &TargetInfo {
         &self.info
@@ -541,9 +603,7 @@ impl Engine {
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
         let vocab = self.package.config.vocab_size;
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::Target(
-                npu_runtime::TargetError::TokenOutOfRange { token: bad, vocab },
-            ));
+            return Err(EngineError::TokenOutOfRange { token: bad, vocab });
         }
         Ok(())
     }
@@ -601,6 +661,30 @@ pub enum DraftMode {
     Off,
     /// The engine's drafter, drafting exactly k tokens every round (no adaptive k).
     Fixed(usize),
+    /// Only prompt lookup (the engine's `Lookup`, or the lookup half of `Chained`);
+    /// refused when the engine has no lookup drafter.
+    LookupOnly,
+    /// Only the DFlash draft (the engine's `DFlash`, or the draft half of `Chained`);
+    /// refused when the engine has no draft.
+    DraftOnly,
+}
+
+impl DraftMode {
+    /// Whether the engine's drafter (`drafter`) can draft this way.
+    pub fn available(self, drafter: &DrafterConfig) -> bool {
+        match self {
+            DraftMode::Auto | DraftMode::Off => true,
+            DraftMode::Fixed(_) => *drafter != DrafterConfig::None,
+            DraftMode::LookupOnly => matches!(
+                drafter,
+                DrafterConfig::Lookup { .. } | DrafterConfig::Chained { .. }
+            ),
+            DraftMode::DraftOnly => matches!(
+                drafter,
+                DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }
+            ),
+        }
+    }
 }
 
 /// One generation.
@@ -888,6 +972,13 @@ impl Session {
                 "logprobs: at most {MAX_TOP_LOGPROBS} alternatives a token, got {n}"
             )));
         }
+        if !request.draft.available(&self.engine.config.drafter) {
+            return Err(EngineError::Invalid(format!(
+                "drafting mode {:?} needs a drafter the engine was not loaded with ({})",
+                request.draft,
+                self.engine.config.drafter.describe()
+            )));
+        }
         let ids = self.engine.tokenize(&request.prompt)?;
         self.engine.check_fits(ids.len(), request.max_tokens)?;
         // A member of the shared passes while it generates: finished, failed or
@@ -968,14 +1059,23 @@ impl Session {
                 engine.package.config.eos_token_ids.clone()
             },
             sampling: request.sampling,
-            adaptive: if drafting && request.draft == DraftMode::Auto {
+            adaptive: if drafting && !matches!(request.draft, DraftMode::Fixed(_)) {
                 engine.adaptive.clone()
             } else {
                 None
             },
         };
+        // Which halves of the engine's drafter this request uses.
+        let (use_lookup, use_draft) = match request.draft {
+            DraftMode::LookupOnly => (true, false),
+            DraftMode::DraftOnly => (false, true),
+            _ => (true, true),
+        };
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
+            (DrafterConfig::Chained { ngram, .. }, true) if !use_draft => {
+                Some(Box::new(mtp::LookupHead::new(*ngram)))
+            }
             (DrafterConfig::DFlash { .. } | DrafterConfig::Chained { .. }, true) => {
                 let d = engine
                     .draft
@@ -984,10 +1084,9 @@ impl Session {
                 let hooks = self.target.draft_hooks(&engine.package)?;
                 let dflash = mtp::DFlashHead::new(d.weights, Box::new(hooks), self.taps.clone());
                 match &engine.config.drafter {
-                    DrafterConfig::Chained { ngram, .. } => Some(Box::new(mtp::ChainedHead::new(
-                        mtp::LookupHead::new(*ngram),
-                        dflash,
-                    ))),
+                    DrafterConfig::Chained { ngram, .. } if use_lookup => Some(Box::new(
+                        mtp::ChainedHead::new(mtp::LookupHead::new(*ngram), dflash),
+                    )),
                     _ => Some(Box::new(dflash)),
                 }
             }

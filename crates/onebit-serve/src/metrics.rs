@@ -9,7 +9,7 @@ use onebit_engine::Completion;
 
 /// Counters kept while the server runs.
 #[derive(Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Answers by route (the router's pattern, or `unmatched`) and status.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
@@ -20,7 +20,7 @@ pub struct Metrics {
 }
 
 /// What the exposition reads at the moment of a scrape, besides the counters.
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// Requests waiting for a session.
     pub queue_depth: usize,
     /// Sessions generating.
@@ -167,7 +167,7 @@ impl Metrics {
 }
 
 /// A label value escaped as the text format requires (backslash, quote, newline).
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

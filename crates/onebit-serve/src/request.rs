@@ -1,115 +1,14 @@
-//! The request bodies the server accepts (OpenAI and Ollama shapes), checked into one
-//! [`Job`], and the JSON it answers with.
+//! The request bodies the server accepts (OpenAI, Ollama and llama-server shapes),
+//! checked into one [`Job`] before any work.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use axum::http::StatusCode;
-use onebit_engine::{
-    Completion, Engine, Message, Prompt, SamplingConfig, StopReason, TokenLogprob, MAX_TOP_LOGPROBS,
-};
+use onebit_engine::{DraftMode, Message, Prompt, SamplingConfig, MAX_TOP_LOGPROBS};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// A refusal: the status, and the OpenAI error object's fields.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<String>,
-    pub code: Option<&'static str>,
-    /// Seconds a client should wait (503 on a full queue).
-    pub retry_after: Option<u64>,
-}
-
-impl ApiError {
-    /// 400 naming `param`.
-    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: param.map(str::to_string),
-            code: None,
-            retry_after: None,
-        }
-    }
-
-    /// 404 for a model this server does not serve.
-    pub fn unknown_model(name: &str) -> ApiError {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model '{name}' does not exist"),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-            retry_after: None,
-        }
-    }
-
-    /// 503 while the model loads.
-    pub fn loading() -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "Loading model".into(),
-            kind: "unavailable_error",
-            param: None,
-            code: None,
-            retry_after: Some(1),
-        }
-    }
-
-    /// 503 when the queue is full.
-    pub fn queue_full(q_len: usize) -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "the server is busy: every session is generating and the queue (--q-len {q_len}) is full; retry later"
-            ),
-            kind: "unavailable_error",
-            param: None,
-            code: Some("queue_full"),
-            retry_after: Some(1),
-        }
-    }
-
-    /// 413 for a body over the limit.
-    pub fn too_large(limit: usize) -> ApiError {
-        ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("the request body exceeds {limit} bytes"),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("request_too_large"),
-            retry_after: None,
-        }
-    }
-
-    /// 500 for a failure inside the server.
-    pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: None,
-            retry_after: None,
-        }
-    }
-
-    /// The OpenAI error object.
-    pub fn openai_body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
-}
+use crate::error::ApiError;
 
 /// Parses `bytes` as `T`, refusing malformed JSON and naming the field that does not fit.
-pub fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut de) {
         Ok(v) => de
@@ -142,7 +41,7 @@ pub fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> 
 /// `stop`: a string or a list of strings.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
-pub enum StopField {
+pub(crate) enum StopField {
     One(String),
     Many(Vec<String>),
 }
@@ -159,13 +58,13 @@ impl StopField {
 /// Message content: a string, or a list of parts of which the text ones are joined.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
-pub enum Content {
+pub(crate) enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
 #[derive(Deserialize, Debug, Clone)]
-pub struct ContentPart {
+pub(crate) struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
@@ -173,21 +72,21 @@ pub struct ContentPart {
 }
 
 #[derive(Deserialize, Debug, Clone)]
-pub struct ChatMessage {
+pub(crate) struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
 }
 
 #[derive(Deserialize, Debug, Default)]
-pub struct StreamOptions {
+pub(crate) struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions` (the union of both).
 #[derive(Deserialize, Debug, Default)]
-pub struct OpenAiRequest {
+pub(crate) struct OpenAiRequest {
     pub model: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
     pub prompt: Option<Value>,
@@ -221,11 +120,13 @@ pub struct OpenAiRequest {
     pub echo: Option<bool>,
     pub best_of: Option<u64>,
     pub suffix: Option<Value>,
+    /// onebit's extension: per-request drafting (`{"mode": "auto|off|lookup|draft"}`).
+    pub speculative: Option<Speculative>,
 }
 
 /// Ollama's `options`.
 #[derive(Deserialize, Debug, Default)]
-pub struct OllamaOptions {
+pub(crate) struct OllamaOptions {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<i64>,
@@ -236,12 +137,14 @@ pub struct OllamaOptions {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub num_predict: Option<i64>,
+    /// The context size for this request (at most the server's `--ctx-len`).
+    pub num_ctx: Option<i64>,
     pub stop: Option<Vec<String>>,
 }
 
 /// `POST /api/chat` and `POST /api/generate` (the union of both).
 #[derive(Deserialize, Debug, Default)]
-pub struct OllamaRequest {
+pub(crate) struct OllamaRequest {
     pub model: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
     pub prompt: Option<String>,
@@ -258,11 +161,35 @@ pub struct OllamaRequest {
     /// How long the model stays loaded after the request: a number of seconds or a Go
     /// duration ("5m"); 0 unloads.
     pub keep_alive: Option<Value>,
+    /// onebit's extension: per-request drafting (`{"mode": "auto|off|lookup|draft"}`).
+    pub speculative: Option<Speculative>,
+}
+
+/// The `speculative` extension field.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct Speculative {
+    pub mode: Option<String>,
+}
+
+/// The drafting a request's `speculative.mode` asks for: `auto` (the server's drafter,
+/// the default), `off` (plain decoding), `lookup` or `draft` (one drafter alone). Whether
+/// the server has that drafter is checked against the loaded engine.
+fn draft_mode(s: Option<Speculative>) -> Result<DraftMode, ApiError> {
+    match s.and_then(|s| s.mode).as_deref() {
+        None | Some("auto") => Ok(DraftMode::Auto),
+        Some("off") => Ok(DraftMode::Off),
+        Some("lookup") => Ok(DraftMode::LookupOnly),
+        Some("draft") => Ok(DraftMode::DraftOnly),
+        Some(other) => Err(ApiError::invalid(
+            Some("speculative.mode"),
+            format!("'speculative.mode' must be one of auto, off, lookup, draft; got {other:?}"),
+        )),
+    }
 }
 
 /// An Ollama request: a generation, or (no prompt, or no messages) a load or unload.
 #[derive(Debug)]
-pub enum OllamaCall {
+pub(crate) enum OllamaCall {
     Generate(Job),
     Load(LoadCall),
 }
@@ -270,7 +197,7 @@ pub enum OllamaCall {
 /// Ollama's preload (`done_reason: "load"`) or unload (`keep_alive: 0`,
 /// `done_reason: "unload"`): nothing is generated.
 #[derive(Debug)]
-pub struct LoadCall {
+pub(crate) struct LoadCall {
     pub route: Route,
     pub model: Option<String>,
     pub unload: bool,
@@ -278,7 +205,7 @@ pub struct LoadCall {
 
 /// `keep_alive` in seconds: a JSON number of seconds, or a string holding one or a Go
 /// duration (`"5m"`, `"1h30m"`, `"-1"`), as Ollama takes it.
-pub fn keep_alive_seconds(v: &Value) -> Result<f64, ApiError> {
+pub(crate) fn keep_alive_seconds(v: &Value) -> Result<f64, ApiError> {
     let bad = || {
         ApiError::invalid(
             Some("keep_alive"),
@@ -335,14 +262,14 @@ pub fn keep_alive_seconds(v: &Value) -> Result<f64, ApiError> {
 
 /// `POST /api/show`.
 #[derive(Deserialize, Debug, Default)]
-pub struct ShowRequest {
+pub(crate) struct ShowRequest {
     pub model: Option<String>,
     pub name: Option<String>,
 }
 
 /// llama-server's `POST /tokenize`.
 #[derive(Deserialize, Debug, Default)]
-pub struct TokenizeRequest {
+pub(crate) struct TokenizeRequest {
     pub content: Option<String>,
     /// Add the tokenizer's special tokens (BOS); llama-server's default is false.
     pub add_special: Option<bool>,
@@ -353,13 +280,13 @@ pub struct TokenizeRequest {
 
 /// llama-server's `POST /detokenize`.
 #[derive(Deserialize, Debug, Default)]
-pub struct DetokenizeRequest {
+pub(crate) struct DetokenizeRequest {
     pub tokens: Option<Vec<Value>>,
 }
 
 /// llama-server's `POST /apply-template`.
 #[derive(Deserialize, Debug, Default)]
-pub struct ApplyTemplateRequest {
+pub(crate) struct ApplyTemplateRequest {
     pub messages: Option<Vec<ChatMessage>>,
 }
 
@@ -397,7 +324,7 @@ impl ApplyTemplateRequest {
 
 /// Which route shaped a job (and so its answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     Chat,
     Completions,
     OllamaChat,
@@ -421,14 +348,14 @@ impl Route {
 
 /// A checked generation request, whatever route it came from.
 #[derive(Debug)]
-pub struct Job {
+pub(crate) struct Job {
     pub route: Route,
     pub model: Option<String>,
     pub prompt: Prompt,
     pub max_tokens: Option<usize>,
     /// The field `max_tokens` came from, for refusals.
     pub max_tokens_field: &'static str,
-    pub sampling: mtp::SamplingConfig,
+    pub sampling: SamplingConfig,
     /// The seed as the response reports it (`sampling.seed` is its bits).
     pub seed: i64,
     pub stop: Vec<String>,
@@ -442,9 +369,13 @@ pub struct Job {
     /// `/v1/completions`' `echo`: the answer's text (and, with `logprobs`, its
     /// log-probabilities) starts with the prompt.
     pub echo: bool,
+    /// Ollama's `options.num_ctx`: the context this request runs in, within the server's.
+    pub num_ctx: Option<usize>,
+    /// `speculative.mode`: which drafting this request uses.
+    pub draft: DraftMode,
 }
 
-fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
+pub(crate) fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
     if set {
         return Err(ApiError::invalid(
             Some(name),
@@ -454,7 +385,7 @@ fn refuse_set(name: &str, set: bool) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+pub(crate) fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     if list.is_empty() {
         return Err(ApiError::invalid(
             Some("messages"),
@@ -508,7 +439,7 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
 /// (or -1, which llama.cpp and Ollama clients send for "random"), so that regenerating
 /// an answer gives a new one. The seed is returned in the response so that the answer
 /// can be replayed.
-pub fn request_seed(seed: Option<i64>) -> i64 {
+pub(crate) fn request_seed(seed: Option<i64>) -> i64 {
     match seed {
         None | Some(-1) => fresh_seed(),
         Some(s) => s,
@@ -517,13 +448,13 @@ pub fn request_seed(seed: Option<i64>) -> i64 {
 
 /// A random seed below 2^53: JavaScript clients (Open WebUI) read JSON numbers as
 /// doubles, exact only up to 2^53, and must be able to send the seed back unchanged.
-fn fresh_seed() -> i64 {
+pub(crate) fn fresh_seed() -> i64 {
     (rand::random::<u64>() >> 11) as i64
 }
 
 /// A request's sampling fields, before defaults.
 #[derive(Default)]
-struct SamplingFields {
+pub(crate) struct SamplingFields {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
@@ -536,7 +467,7 @@ struct SamplingFields {
 
 /// The sampling parameters of a request's fields over `defaults`, each checked, a
 /// refusal naming the field (`prefix` + its name, e.g. `options.top_k`).
-fn sampling(
+pub(crate) fn sampling(
     f: SamplingFields,
     defaults: SamplingConfig,
     seed: i64,
@@ -581,7 +512,7 @@ fn sampling(
 }
 
 /// `top_logprobs` (or `/v1/completions`' integer `logprobs`): 0..=20 alternatives.
-fn top_logprobs(v: &Value, field: &str) -> Result<usize, ApiError> {
+pub(crate) fn top_logprobs(v: &Value, field: &str) -> Result<usize, ApiError> {
     v.as_u64()
         .and_then(|n| usize::try_from(n).ok())
         .filter(|&n| n <= MAX_TOP_LOGPROBS)
@@ -595,7 +526,7 @@ fn top_logprobs(v: &Value, field: &str) -> Result<usize, ApiError> {
 
 /// The log-probabilities an OpenAI request asks for: on chat, `logprobs: true` and
 /// `top_logprobs: N`; on completions, `logprobs: N` (legacy; `true` counts as 0).
-fn openai_logprobs(
+pub(crate) fn openai_logprobs(
     logprobs: Option<&Value>,
     top: Option<&Value>,
     chat: bool,
@@ -627,7 +558,7 @@ fn openai_logprobs(
 
 /// Token ids given as JSON numbers (`field[i]`), refusing any that does not fit the
 /// 32 bits of an id rather than cutting it (4294967297 would become 1).
-fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, v)| {
@@ -646,6 +577,7 @@ fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiError> {
 impl Job {
     /// A `/v1/chat/completions` (`chat`) or `/v1/completions` request.
     pub fn openai(r: OpenAiRequest, chat: bool) -> Result<Job, ApiError> {
+        let draft = draft_mode(r.speculative)?;
         if let Some(n) = r.n {
             if n != 1 {
                 return Err(ApiError::invalid(
@@ -793,12 +725,15 @@ impl Job {
             unload: false,
             logprobs,
             echo,
+            num_ctx: None,
+            draft,
         })
     }
 
     /// An `/api/chat` (`chat`) or `/api/generate` request: a generation, or, without a
     /// prompt (or messages), Ollama's load or unload.
     pub fn ollama(r: OllamaRequest, chat: bool) -> Result<OllamaCall, ApiError> {
+        let draft = draft_mode(r.speculative)?;
         let unload = match &r.keep_alive {
             None | Some(Value::Null) => false,
             Some(v) => keep_alive_seconds(v)? == 0.0,
@@ -871,6 +806,16 @@ impl Job {
             }
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         };
+        let num_ctx = match o.num_ctx {
+            None => None,
+            Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    Some("options.num_ctx"),
+                    format!("'options.num_ctx' must be at least 1, got {n}"),
+                ))
+            }
+        };
         let seed = request_seed(o.seed);
         Ok(OllamaCall::Generate(Job {
             route,
@@ -901,6 +846,8 @@ impl Job {
             unload,
             logprobs,
             echo: false,
+            num_ctx,
+            draft,
         }))
     }
 }
@@ -909,7 +856,7 @@ impl Job {
 /// top_k 40. No repeat penalty: Ollama's own engine (`ollamarunner`, which serves most
 /// models since 0.6) applies none unless asked, though its docs list 1.1 (what its
 /// llama.cpp runner applies); a temperature-0 answer then stays the model's argmax.
-const OLLAMA_DEFAULTS: SamplingConfig = SamplingConfig {
+pub(crate) const OLLAMA_DEFAULTS: SamplingConfig = SamplingConfig {
     temperature: 0.8,
     top_p: 0.9,
     seed: 0,
@@ -921,172 +868,9 @@ const OLLAMA_DEFAULTS: SamplingConfig = SamplingConfig {
     frequency_penalty: 0.0,
 };
 
-/// A token as logprobs answers show it: its bytes as text (lossy: a token holding part of
-/// a UTF-8 sequence shows U+FFFD; `bytes` carries the truth) and the bytes.
-fn token_text(engine: &Engine, id: u32) -> (String, Vec<u8>) {
-    let bytes = engine.token_bytes(id);
-    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-}
-
-/// One entry of OpenAI's chat `logprobs.content` (also Ollama's `logprobs`).
-fn chat_entry(engine: &Engine, lp: &TokenLogprob) -> Value {
-    let (token, bytes) = token_text(engine, lp.token);
-    let top: Vec<Value> = lp
-        .top
-        .iter()
-        .map(|&(id, logprob)| {
-            let (token, bytes) = token_text(engine, id);
-            json!({"token": token, "logprob": logprob, "bytes": bytes})
-        })
-        .collect();
-    json!({"token": token, "logprob": lp.logprob, "bytes": bytes, "top_logprobs": top})
-}
-
-/// The entries of OpenAI's chat `logprobs.content` (and Ollama's `logprobs`).
-pub fn chat_entries(engine: &Engine, lps: &[TokenLogprob]) -> Vec<Value> {
-    lps.iter().map(|lp| chat_entry(engine, lp)).collect()
-}
-
-/// `/v1/completions`' legacy `logprobs` object over `(token, logprob)` pairs (`None`:
-/// the prompt's first token, which nothing predicts: null). `offset` is the character
-/// offset of the first token's text in the answer's `text`, advanced past the last.
-pub fn legacy_logprobs(
-    engine: &Engine,
-    entries: &[(u32, Option<&TokenLogprob>)],
-    offset: &mut usize,
-) -> Value {
-    let (mut tokens, mut logprobs, mut tops, mut offsets) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for &(id, lp) in entries {
-        let (text, _) = token_text(engine, id);
-        offsets.push(*offset);
-        *offset = offset.saturating_add(text.chars().count());
-        tokens.push(text);
-        match lp {
-            None => {
-                logprobs.push(Value::Null);
-                tops.push(Value::Null);
-            }
-            Some(lp) => {
-                logprobs.push(json!(lp.logprob));
-                let mut top = serde_json::Map::new();
-                for &(alt, v) in &lp.top {
-                    top.entry(token_text(engine, alt).0).or_insert(json!(v));
-                }
-                tops.push(Value::Object(top));
-            }
-        }
-    }
-    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
-}
-
-/// Seconds since the epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// RFC 3339 UTC time of `secs` since the epoch, with `nanos`.
-pub fn rfc3339(secs: u64, nanos: u32) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
-/// The current time in RFC 3339.
-pub fn now_rfc3339() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(d.as_secs(), d.subsec_nanos())
-}
-
-/// OpenAI's finish reason.
-pub fn finish_reason(stop: &StopReason) -> &'static str {
-    match stop {
-        StopReason::Length => "length",
-        _ => "stop",
-    }
-}
-
-/// `usage`, with FastFlowLM's telemetry fields beside OpenAI's.
-pub fn usage(c: &Completion) -> Value {
-    json!({
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.tokens.len(),
-        "total_tokens": c.prompt_tokens + c.tokens.len(),
-        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
-        "prefill_duration_ttft": c.timings.prompt_ms / 1e3,
-        "decoding_duration": c.timings.predicted_ms / 1e3,
-        "prefill_speed_tps": c.prompt_tokens_per_second(),
-        "decoding_speed_tps": c.decode_tokens_per_second(),
-    })
-}
-
-/// llama-server's `timings`.
-pub fn timings(c: &Completion) -> Value {
-    let prompt_n = c.prompt_tokens - c.cached_tokens;
-    let predicted_n = c.tokens.len();
-    let mut t = json!({
-        "cache_n": c.cached_tokens,
-        "prompt_n": prompt_n,
-        "prompt_ms": c.timings.prompt_ms,
-        "prompt_per_token_ms": c.timings.prompt_ms / prompt_n.max(1) as f64,
-        "prompt_per_second": c.prompt_tokens_per_second(),
-        "predicted_n": predicted_n,
-        "predicted_ms": c.timings.predicted_ms,
-        "predicted_per_token_ms": c.timings.predicted_ms / predicted_n.saturating_sub(1).max(1) as f64,
-        "predicted_per_second": c.decode_tokens_per_second(),
-    });
-    if c.drafted {
-        t["draft_n"] = json!(c.stats.drafted);
-        t["draft_n_accepted"] = json!(c.stats.accepted);
-    }
-    t
-}
-
-/// Ollama's closing statistics (durations in nanoseconds).
-pub fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
-    let ns = |ms: f64| (ms * 1e6) as u64;
-    json!({
-        "done_reason": match c.stop { StopReason::Length => "length", _ => "stop" },
-        "total_duration": ns(c.timings.prompt_ms + c.timings.predicted_ms),
-        "load_duration": (load_seconds * 1e9) as u64,
-        "prompt_eval_count": c.prompt_tokens,
-        "prompt_eval_duration": ns(c.timings.prompt_ms),
-        "eval_count": c.tokens.len(),
-        "eval_duration": ns(c.timings.predicted_ms),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_matches_known_dates() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000000000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
-        assert_eq!(rfc3339(1_764_601_200, 0), "2025-12-01T15:00:00.000000000Z");
-    }
 
     #[test]
     fn keep_alive_is_seconds_or_a_go_duration() {

@@ -1,0 +1,187 @@
+//! The serve tests' harness: test packages, and a server started in this process on an
+//! ephemeral port (its log lines collected), with a blocking HTTP client.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use onebit_engine::{DrafterConfig, EngineConfig};
+use onebit_serve::{DebugDelays, Log, Running, ServeOptions};
+use serde_json::Value;
+
+/// A file or folder of `../shared/fixtures`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name)
+}
+
+/// tiny-llama converted from its GGUF (model, config and a tokenizer that encodes) into
+/// a temporary folder, as `onebit convert` writes it: the folder (keep it alive) and
+/// the package's path.
+pub fn tiny_llama_package() -> (tempfile::TempDir, PathBuf) {
+    use q4nx_convert::gguf::GgufFile;
+    use q4nx_convert::{tokenizer::tokenizer_json, GgufConverter};
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("tiny-llama");
+    let file = GgufFile::open(fixture("tiny-llama/model.Q4_1.gguf")).unwrap();
+    let converter = GgufConverter::new(&file).unwrap();
+    let config = converter.hf_config().unwrap();
+    let (tokenizer, _) = tokenizer_json(&file.gguf).unwrap();
+    let (writer, _) = converter.convert(&|_, _| {}).unwrap();
+    std::fs::create_dir_all(&pkg).unwrap();
+    writer.write_file(pkg.join("model.q4nx")).unwrap();
+    for (name, value) in [("config.json", &config), ("tokenizer.json", &tokenizer)] {
+        std::fs::write(pkg.join(name), serde_json::to_string_pretty(value).unwrap()).unwrap();
+    }
+    (dir, pkg)
+}
+
+/// A running server; stopped on drop.
+pub struct Server {
+    running: Running,
+    pub base: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// `onebit serve`'s flags the tests use, as options (the `onebit` binary's own parsing
+/// is tested in its crate): one thread, any free port.
+fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
+    let mut engine = EngineConfig::new(model);
+    engine.threads = Some(1);
+    // As `onebit serve` without --ctx-len on a machine with memory to spare: the model's own.
+    engine.ctx_len = None;
+    let mut lookup = false;
+    let mut draft = None;
+    let mut shared = true;
+    let mut o = ServeOptions::new(engine, onebit_engine::model_name(model));
+    o.aliases = vec![model.display().to_string()];
+    o.log = log;
+    let mut debug = DebugDelays::default();
+    let mut it = args.iter();
+    while let Some(&flag) = it.next() {
+        let mut value = || *it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let ms = |v: &str| Duration::from_millis(v.parse().unwrap());
+        match flag {
+            "--ctx-len" => o.engine.ctx_len = Some(value().parse().unwrap()),
+            "--parallel" => o.parallel = value().parse().unwrap(),
+            "--q-len" => o.q_len = value().parse().unwrap(),
+            "--alias" => o.name = value().to_string(),
+            "--api-key" => o.api_key = Some(value().to_string()),
+            "--cors" => o.cors.push(value().to_string()),
+            "--host" => o.host = value().to_string(),
+            "--quiet" => o.quiet = true,
+            "--lookup" => lookup = true,
+            "--draft" => draft = Some(PathBuf::from(value())),
+            "--no-shared-passes" => shared = false,
+            "--debug-token-delay-ms" => debug.token = ms(value()),
+            "--debug-load-delay-ms" => debug.load = ms(value()),
+            "--debug-tokenize-delay-ms" => debug.tokenize = ms(value()),
+            other => panic!("the harness does not know {other}"),
+        }
+    }
+    o.debug = debug;
+    o.engine.drafter =
+        DrafterConfig::from_flags(draft.as_deref(), lookup, onebit_engine::DEFAULT_MAX_NGRAM);
+    o.engine.share_passes = o.parallel > 1 && shared;
+    if o.engine.ctx_len.is_none() {
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(model.join("config.json")).unwrap()).unwrap();
+        o.engine.ctx_len = config["max_position_embeddings"]
+            .as_u64()
+            .map(|n| n as usize);
+    }
+    o
+}
+
+impl Server {
+    /// Starts a server on `model` with `onebit serve`'s flags `args` and (unless
+    /// `wait_ready` is false) waits for `/health` to say 200.
+    pub fn start(model: &Path, args: &[&str], wait_ready: bool) -> Server {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = {
+            let log = log.clone();
+            Log::to(move |line| log.lock().unwrap().push(line.to_string()))
+        };
+        let running = onebit_serve::start(options(model, args, sink)).unwrap();
+        let server = Server {
+            base: format!("http://{}", running.addr()),
+            running,
+            log,
+        };
+        if wait_ready {
+            let start = Instant::now();
+            loop {
+                if let Ok(r) = client().get(server.url("/health")).send() {
+                    if r.status() == 200 {
+                        break;
+                    }
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "not ready: {:?}",
+                    server.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 10 s) until `count` log lines contain `needle`.
+    pub fn wait_log(&self, needle: &str, count: usize) {
+        let start = Instant::now();
+        while self.log().iter().filter(|l| l.contains(needle)).count() < count {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{count} x {needle:?} not in {:?}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+        )
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let r = client().get(self.url(path)).send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap())
+    }
+
+    /// The raw body of a POST (for streams), with its content type.
+    pub fn post_raw(&self, path: &str, body: &Value) -> (u16, String, String) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, r.text().unwrap())
+    }
+}
+
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
