@@ -1405,6 +1405,14 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some(unknown) = only.iter().find(|n| !MUTANTS.iter().any(|m| m.name == **n)) {
         bail!("mutants: no mutant named '{unknown}'");
     }
+    // A mutant builds and runs only the test targets it names: each must exist.
+    for m in &selected {
+        for t in named_targets(m.tests).with_context(|| format!("mutants: '{}'", m.name))? {
+            if t.source(&root).is_none() {
+                bail!("mutants: '{}' names {t:?}, which has no source", m.name);
+            }
+        }
+    }
     // Mutants of one crate run together, dependents before their dependencies: restoring
     // a crate makes the next build that needs it rebuild it, so interleaved crates would
     // be rebuilt many times over, and in this order no later selection needs an earlier
