@@ -9,8 +9,6 @@
 //!    trained DFlash draft exists for SmolLM2), labelled as what it is: the engine's
 //!    round cost, an upper bound, not a draft's quality.
 
-use std::process::Command;
-
 use anyhow::{bail, Result};
 
 /// The edit-style prompt: the answer repeats the paragraph with the typos fixed.
@@ -28,54 +26,38 @@ pub fn run(args: &[String]) -> Result<()> {
         .unwrap_or_else(|| "Give me three tips for staying healthy.".into());
     let pkg = crate::models::fetch_smollm2()?;
     println!("── 1. prompt lookup on an edit-style prompt (no model, no oracle; adaptive k)");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "onebit",
-            "--",
-            "run",
-            "--chat",
-            "--max-tokens",
-            "200",
-            "--lookup",
-            "--compare",
-            "--model",
-        ])
-        .arg(&pkg)
-        .arg("--prompt")
-        .arg(EDIT_PROMPT)
-        .current_dir(crate::workspace_root())
-        .status()?;
+    let status = crate::onebit_command([
+        "run",
+        "--chat",
+        "--max-tokens",
+        "200",
+        "--lookup",
+        "--compare",
+        "--model",
+    ])
+    .arg(&pkg)
+    .arg("--prompt")
+    .arg(EDIT_PROMPT)
+    .status()?;
     if !status.success() {
         bail!("demo: onebit run --lookup failed ({status})");
     }
     println!("\n── 2. upper bound: an oracle drafter that knows the plain continuation");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "onebit",
-            "--",
-            "run",
-            "--chat",
-            "--max-tokens",
-            "160",
-            "--oracle",
-            "always",
-            "--draft-max",
-            "7",
-            "--model",
-        ])
-        .arg(&pkg)
-        .arg("--prompt")
-        .arg(&prompt)
-        .current_dir(crate::workspace_root())
-        .status()?;
+    let status = crate::onebit_command([
+        "run",
+        "--chat",
+        "--max-tokens",
+        "160",
+        "--oracle",
+        "always",
+        "--draft-max",
+        "7",
+        "--model",
+    ])
+    .arg(&pkg)
+    .arg("--prompt")
+    .arg(&prompt)
+    .status()?;
     if !status.success() {
         bail!("demo: onebit run failed ({status})");
     }

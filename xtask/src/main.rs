@@ -90,3 +90,25 @@ pub fn workspace_root() -> std::path::PathBuf {
 pub fn shared_fixtures() -> std::path::PathBuf {
     workspace_root().join("../shared/fixtures")
 }
+
+/// A command that runs onebit with `args`: the binary `$ONEBIT_BIN` names, or else
+/// `cargo run --release -p onebit`. CI points `ONEBIT_BIN` at the binary its test build
+/// made (`target/debug/onebit`), so that fetch-model's conversion and the demo do not
+/// build the whole binary a second time in the release profile (about three minutes on
+/// two cores).
+pub fn onebit_command<I, S>(args: I) -> std::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = match std::env::var_os("ONEBIT_BIN") {
+        Some(bin) => std::process::Command::new(bin),
+        None => {
+            let mut c = std::process::Command::new(env!("CARGO"));
+            c.args(["run", "--quiet", "--release", "-p", "onebit", "--"]);
+            c
+        }
+    };
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}

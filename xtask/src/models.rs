@@ -157,7 +157,8 @@ fn pip_download(py: &str, dir: &Path, specs: &[&str]) -> Result<()> {
     )
 }
 
-/// `onebit convert --force GGUF PKG` (release build), unless PKG already holds a model.
+/// `onebit convert --force GGUF PKG` (the release build, or `$ONEBIT_BIN`), unless PKG
+/// already holds a model.
 fn convert(gguf: &Path, pkg: &Path) -> Result<()> {
     if pkg.join("model.q4nx").exists() {
         return Ok(());
@@ -168,20 +169,9 @@ fn convert(gguf: &Path, pkg: &Path) -> Result<()> {
         pkg.display()
     );
     status(
-        Command::new(env!("CARGO"))
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "-p",
-                "onebit",
-                "--",
-                "convert",
-                "--force",
-            ])
+        crate::onebit_command(["convert", "--force"])
             .arg(gguf)
-            .arg(pkg)
-            .current_dir(crate::workspace_root()),
+            .arg(pkg),
         "onebit convert",
     )
 }

@@ -926,7 +926,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/mtp/src/chain.rs",
         find: "(Some(l), Some(d)) => l >= d || passed_over + 1 >= PROBE_EVERY,",
         replace: "(Some(_), Some(_)) => true,",
-        tests: &["-p", "mtp", "chain"],
+        tests: &["-p", "mtp", "--lib", "chain"],
         also: None,
         requires: &[],
     },
@@ -975,6 +975,16 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // The model store: a download off its pinned sha256 must leave nothing.
+    Mutant {
+        name: "pull-keeps-a-download-off-its-sha256",
+        file: "crates/onebit/src/store.rs",
+        find: "if !got.eq_ignore_ascii_case(&file.sha256) {",
+        replace: "if false && !got.eq_ignore_ascii_case(&file.sha256) {",
+        tests: &["-p", "onebit", "--test", "store", "a_failed_pull_leaves_nothing"],
+        also: None,
+        requires: &[],
+    },
 ];
 
 /// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`
@@ -997,33 +1007,21 @@ pub fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
     Ok(ws)
 }
 
-/// Seeds a scratch target that does not exist yet with the third-party build of the
-/// workspace's own target (`from`, e.g. `target/debug` after CI's `cargo test`): every
-/// unit in `from/.fingerprint` whose package is not a workspace member, with its files in
-/// `deps/` and `build/` (same names: cargo's unit hashes of registry packages do not
-/// depend on where the workspace is). The scratch then builds only the workspace's
-/// crates (a fresh clone otherwise builds every dependency twice). Workspace units are
-/// never copied: their binaries carry the main tree's paths (`CARGO_BIN_EXE_*`), so
-/// a mutant must build its own. Returns the files copied (0 when there was nothing to do).
-pub fn seed_scratch_target(from: &Path, to: &Path, members: &[String]) -> Result<usize> {
+/// Seeds a scratch target that does not exist yet with the workspace's own test build
+/// (`from`, e.g. `target/debug` after CI's `cargo test`): every unit in `from/.fingerprint`
+/// with its files in `deps/` and `build/`, the workspace's crates included, copies keeping
+/// their mtimes. Cargo names a unit by a hash that does not depend on where the
+/// workspace is (a member's path enters it relative to the workspace root), and the
+/// scratch's sources keep the tree's mtimes ([`scratch_workspace`]), so in the scratch
+/// every unmutated unit is fresh: the baseline builds nothing, and a mutant rebuilds only
+/// its crate, the crates above it and the test binaries of its selection. (A fresh
+/// clone otherwise built the whole workspace a second time here.) Binaries that read
+/// `CARGO_MANIFEST_DIR` or `CARGO_BIN_EXE_*` are rebuilt by cargo anyway: the values
+/// differ in the scratch and rustc's dep-info records them. `incremental/` is not copied.
+/// Returns the files copied (0 when there was nothing to do).
+pub fn seed_scratch_target(from: &Path, to: &Path) -> Result<usize> {
     if to.exists() || !from.join(".fingerprint").is_dir() {
         return Ok(0);
-    }
-    // `<package>-<16 hex>` names a unit; the hash also ends its files' stems in `deps/`.
-    let split = |name: &str| -> Option<(String, String)> {
-        let stem = name.split('.').next()?;
-        let (pkg, hash) = stem.rsplit_once('-')?;
-        (hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| (pkg.to_string(), hash.to_string()))
-    };
-    let mut ours = std::collections::HashSet::new();
-    for entry in std::fs::read_dir(from.join(".fingerprint"))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if let Some((pkg, hash)) = split(&name) {
-            if members.contains(&pkg) {
-                ours.insert(hash);
-            }
-        }
     }
     // Into a temporary name first, so an interrupted seed leaves no half target.
     let partial = to.with_extension("seeding");
@@ -1032,21 +1030,8 @@ pub fn seed_scratch_target(from: &Path, to: &Path, members: &[String]) -> Result
     }
     let mut copied = 0;
     for dir in [".fingerprint", "build", "deps"] {
-        let Ok(entries) = std::fs::read_dir(from.join(dir)) else {
-            continue;
-        };
-        std::fs::create_dir_all(partial.join(dir))?;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // A file whose name carries no unit hash is not a unit's (nothing to seed).
-            let Some((_, hash)) = split(&name) else {
-                continue;
-            };
-            if ours.contains(&hash) {
-                continue;
-            }
-            copied += copy_all(&entry.path(), &partial.join(dir).join(&name))?;
+        if from.join(dir).is_dir() {
+            copied += copy_all(&from.join(dir), &partial.join(dir))?;
         }
     }
     std::fs::rename(&partial, to)?;
@@ -1095,9 +1080,22 @@ fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        // Only rewrite changed files, so the scratch build stays incremental.
-        if std::fs::read(&dst).ok() != Some(std::fs::read(&src)?) {
-            std::fs::copy(&src, &dst)?;
+        // Only rewrite changed files, so the scratch build stays incremental. A file new
+        // to the scratch keeps the tree's mtime, so that a seeded target's units built
+        // from it are fresh; a file that changed is stamped now, so its crate rebuilds.
+        match std::fs::read(&dst).ok() {
+            Some(old) if old == std::fs::read(&src)? => {}
+            Some(_) => {
+                std::fs::copy(&src, &dst)?;
+            }
+            None => {
+                std::fs::copy(&src, &dst)?;
+                let modified = std::fs::metadata(&src)?.modified()?;
+                std::fs::File::options()
+                    .write(true)
+                    .open(&dst)?
+                    .set_modified(modified)?;
+            }
         }
     }
     Ok(())
@@ -1210,31 +1208,15 @@ fn kill_group(pgid: u32) {
 /// const evaluation, a baseline that hangs): it is stopped and reported.
 const STUCK: Duration = Duration::from_secs(3600);
 
-/// The scratch workspace and how cargo builds there.
+/// The scratch workspace. It builds with the workspace's own test profile (no
+/// `--config` of its own), so that the units seeded from the tree's test build are its
+/// units.
 struct Scratch {
     ws: PathBuf,
-    /// `--config` values: no debug info for the workspace's own crates, whose rebuild is
-    /// most of a mutant's time (it measured about 40% faster for `onebit-kernels`; a
-    /// mutant needs no debugger). Third-party crates keep the profile's settings, so
-    /// their units stay those the seed copied.
-    configs: Vec<String>,
-}
-
-impl Scratch {
-    fn new(ws: PathBuf, members: &[String]) -> Scratch {
-        let configs = members
-            .iter()
-            .map(|m| format!("profile.test.package.{m}.debug=false"))
-            .collect();
-        Scratch { ws, configs }
-    }
 }
 
 fn cargo(scratch: &Scratch, args: &[&str], no_run: bool) -> Command {
     let mut cmd = Command::new(env!("CARGO"));
-    for c in &scratch.configs {
-        cmd.args(["--config", c]);
-    }
     cmd.arg("test").arg("--no-fail-fast");
     if no_run {
         cmd.arg("--no-run");
@@ -1341,6 +1323,85 @@ fn missing_features(
     Ok(missing)
 }
 
+/// A test target a mutant's `cargo test` arguments select.
+#[derive(Debug, PartialEq)]
+enum TestTarget {
+    Lib(String),
+    Bin(String, String),
+    Test(String, String),
+}
+
+impl TestTarget {
+    /// The target's source file under the workspace `root`, if it exists.
+    fn source(&self, root: &Path) -> Option<PathBuf> {
+        let dir = |pkg: &str| {
+            if pkg == "xtask" {
+                root.join("xtask")
+            } else {
+                root.join("crates").join(pkg)
+            }
+        };
+        let candidates = match self {
+            TestTarget::Lib(p) => vec![dir(p).join("src/lib.rs")],
+            TestTarget::Bin(p, b) if b == p => vec![dir(p).join("src/main.rs")],
+            TestTarget::Bin(p, b) => vec![dir(p).join(format!("src/bin/{b}.rs"))],
+            TestTarget::Test(p, t) => vec![
+                dir(p).join(format!("tests/{t}.rs")),
+                dir(p).join(format!("tests/{t}/main.rs")),
+            ],
+        };
+        candidates.into_iter().find(|c| c.is_file())
+    }
+}
+
+/// The test targets of `cargo test` arguments: each `-p PACKAGE` must be followed by
+/// at least one of `--lib`, `--bin NAME`, `--test NAME` (a bare `-p` would build and
+/// run every target of the package); words that are not flags are test-name filters.
+fn named_targets(args: &[&str]) -> Result<Vec<TestTarget>> {
+    let mut targets = Vec::new();
+    let mut package: Option<(&str, usize)> = None;
+    let close = |package: Option<(&str, usize)>, count: usize| -> Result<()> {
+        match package {
+            Some((p, before)) if count == before => {
+                bail!("mutants: -p {p} names no --lib, --bin or --test target")
+            }
+            _ => Ok(()),
+        }
+    };
+    let mut it = args.iter();
+    while let Some(&arg) = it.next() {
+        let current = || {
+            package
+                .map(|(p, _)| p.to_string())
+                .with_context(|| format!("mutants: {arg} before any -p PACKAGE"))
+        };
+        match arg {
+            "--" => break,
+            "-p" => {
+                close(package, targets.len())?;
+                let p = it.next().context("mutants: -p needs a package")?;
+                package = Some((p, targets.len()));
+            }
+            "--lib" => targets.push(TestTarget::Lib(current()?)),
+            "--bin" | "--test" => {
+                let name = it
+                    .next()
+                    .with_context(|| format!("mutants: {arg} needs a target name"))?
+                    .to_string();
+                targets.push(if arg == "--bin" {
+                    TestTarget::Bin(current()?, name)
+                } else {
+                    TestTarget::Test(current()?, name)
+                });
+            }
+            flag if flag.starts_with('-') => bail!("mutants: unexpected flag {flag}"),
+            _filter => {}
+        }
+    }
+    close(package, targets.len())?;
+    Ok(targets)
+}
+
 /// The verdicts of a run, counted.
 #[derive(Debug, Default, PartialEq)]
 struct Tally {
@@ -1418,19 +1479,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let own_target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let members: Vec<String> = crate::tidy::members(&root)?
-        .iter()
-        .map(|m| crate::tidy::package_name(m))
-        .collect::<Result<_>>()?;
-    let seeded = seed_scratch_target(
-        &own_target.join("debug"),
-        &ws.join("target/debug"),
-        &members,
-    )?;
-    let scratch = Scratch::new(ws.clone(), &members);
+    let seeded = seed_scratch_target(&own_target.join("debug"), &ws.join("target/debug"))?;
+    let scratch = Scratch { ws: ws.clone() };
     if seeded > 0 {
         println!(
-            "mutants: seeded the scratch target with {seeded} files of third-party builds from {}",
+            "mutants: seeded the scratch target with {seeded} files of the test build in {}",
             own_target.join("debug").display()
         );
     }
@@ -1443,6 +1496,14 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if let Some(unknown) = only.iter().find(|n| !MUTANTS.iter().any(|m| m.name == **n)) {
         bail!("mutants: no mutant named '{unknown}'");
+    }
+    // A mutant builds and runs only the test targets it names: each must exist.
+    for m in &selected {
+        for t in named_targets(m.tests).with_context(|| format!("mutants: '{}'", m.name))? {
+            if t.source(&root).is_none() {
+                bail!("mutants: '{}' names {t:?}, which has no source", m.name);
+            }
+        }
     }
     // Mutants of one crate run together, dependents before their dependencies: restoring
     // a crate makes the next build that needs it rebuild it, so interleaved crates would
@@ -1677,6 +1738,30 @@ mod tests {
         }
     }
 
+    /// Every mutant names the test targets that must catch it (`--test`, `--lib`,
+    /// `--bin` after each `-p`), and each names a target that exists: a mutant builds and
+    /// runs only those targets, so a missing or misspelt one would test nothing.
+    #[test]
+    fn every_mutant_names_existing_test_targets() {
+        let root = crate::workspace_root();
+        for m in MUTANTS {
+            let targets = named_targets(m.tests).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+            assert!(!targets.is_empty(), "{}: names no test target", m.name);
+            for t in &targets {
+                assert!(
+                    t.source(&root).is_some(),
+                    "{}: {t:?} has no source under {}",
+                    m.name,
+                    root.display()
+                );
+            }
+        }
+        assert!(named_targets(&["-p", "mtp", "chain"]).is_err());
+        assert!(named_targets(&["--test", "q8"]).is_err());
+        let t = named_targets(&["-p", "onebit-kernels", "--test", "nosuch"]).unwrap();
+        assert!(t[0].source(&root).is_none());
+    }
+
     #[test]
     fn the_limit_is_a_multiple_of_the_baseline_with_a_floor() {
         let min = Duration::from_secs(120);
@@ -1736,7 +1821,7 @@ mod tests {
     }
 
     #[test]
-    fn seeding_copies_third_party_units_only_and_only_into_a_new_target() {
+    fn seeding_copies_every_unit_with_its_mtime_and_only_into_a_new_target() {
         let from = tempfile::tempdir().unwrap();
         let f = from.path();
         let (dep, ours) = ("0123456789abcdef", "fedcba9876543210");
@@ -1757,29 +1842,68 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, text).unwrap();
         }
+        // An old mtime, as a build's outputs have by the time mutants run.
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        let rlib = format!("deps/libonebit_kernels-{ours}.rlib");
+        std::fs::File::options()
+            .write(true)
+            .open(f.join(&rlib))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let to_dir = tempfile::tempdir().unwrap();
         let to = to_dir.path().join("debug");
-        let members = ["onebit-kernels".to_string()];
-        assert_eq!(seed_scratch_target(f, &to, &members).unwrap(), 4);
-        assert!(to.join(format!("deps/libserde-{dep}.rlib")).exists());
+        assert_eq!(seed_scratch_target(f, &to).unwrap(), 7);
         let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
-        let rlib = format!("deps/libserde-{dep}.rlib");
-        assert_eq!(
-            mtime(&to.join(&rlib)),
-            mtime(&f.join(&rlib)),
-            "copies keep their mtimes"
-        );
-        assert!(to.join(format!("build/serde-{dep}/output")).exists());
-        assert!(to
-            .join(format!(".fingerprint/serde-{dep}/lib-serde"))
-            .exists());
-        assert!(!to
-            .join(format!("deps/libonebit_kernels-{ours}.rlib"))
-            .exists());
-        assert!(!to.join(format!("deps/q8-{ours}")).exists());
+        assert_eq!(mtime(&to.join(&rlib)), old, "copies keep their mtimes");
+        for seeded in [
+            format!("deps/libserde-{dep}.rlib"),
+            format!("deps/q8-{ours}"),
+            format!("build/serde-{dep}/output"),
+            format!(".fingerprint/onebit-kernels-{ours}/lib-onebit_kernels"),
+        ] {
+            assert!(to.join(&seeded).exists(), "{seeded}");
+        }
         assert!(!to.join("incremental").exists());
+        assert!(!to.with_extension("seeding").exists());
         // A scratch target that exists is the scratch's own build: left alone.
-        assert_eq!(seed_scratch_target(f, &to, &members).unwrap(), 0);
+        assert_eq!(seed_scratch_target(f, &to).unwrap(), 0);
+    }
+
+    /// A tracked file new to the scratch keeps the tree's mtime (so seeded units built
+    /// from it are fresh); one whose content changed is stamped anew (so it rebuilds).
+    #[test]
+    fn the_scratch_keeps_mtimes_of_new_files_and_stamps_changed_ones() {
+        let tree = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let ok = Command::new("git")
+                .args(args)
+                .current_dir(tree.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        let src = tree.path().join("a.rs");
+        std::fs::write(&src, "one").unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&src)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        git(&["add", "a.rs"]);
+        let scratch = tempfile::tempdir().unwrap();
+        copy_tree(tree.path(), scratch.path()).unwrap();
+        let copy = scratch.path().join("a.rs");
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert_eq!(mtime(&copy), old);
+        std::fs::write(&src, "two").unwrap();
+        copy_tree(tree.path(), scratch.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), "two");
+        assert!(mtime(&copy) > old);
     }
 
     /// Every feature the catalogue names is one the detector knows, and every mutant

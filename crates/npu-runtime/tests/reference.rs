@@ -582,3 +582,27 @@ fn a_refused_part_leaves_the_shared_pass_running() {
     );
     assert_eq!(batcher.stats().widest, 2);
 }
+
+/// A session cannot join a batcher over another model, even one loaded from the same
+/// package (its weights are another copy): refused by name, and the session runs alone
+/// as before.
+#[test]
+fn a_session_cannot_join_a_batcher_over_another_model() {
+    use npu_runtime::PassBatcher;
+    use std::time::Duration;
+    let package = Arc::new(TargetPackage::open(fixture("tiny-qwen3")).unwrap());
+    let one = npu_runtime::CpuModel::load(package.clone(), CpuOptions::default()).unwrap();
+    let other = npu_runtime::CpuModel::load(package, CpuOptions::default()).unwrap();
+    let batcher = PassBatcher::new(one.clone(), Duration::from_secs(3600));
+    let mut t = other.session();
+    assert_eq!(
+        t.join(batcher.clone()).unwrap_err().to_string(),
+        "target: a session can only share passes with sessions over the same model"
+    );
+    assert!(t.forward(&[5, 6, 7]).unwrap() == other.session().forward(&[5, 6, 7]).unwrap());
+    assert_eq!(
+        batcher.stats().passes,
+        0,
+        "the refused session ran no shared pass"
+    );
+}

@@ -41,24 +41,28 @@ fn cpu_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-pub fn run(args: &ValidateArgs) -> Result<()> {
-    let isa = Isa::detect();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (total, available) = (meminfo("MemTotal:"), meminfo("MemAvailable:"));
-    let npu = probe_this_machine();
-    let xrt = crate::doctor::installed_xrt();
+/// Whether onebit can run with `available` bytes of memory (unknown counts as enough:
+/// `/proc/meminfo` is Linux's), and the sentence that says so.
+fn verdict(available: Option<u64>, kernel: &str) -> (bool, String) {
     let enough = available.is_none_or(|a| a >= MIN_AVAILABLE_BYTES);
-    let verdict = match enough {
-        true => format!(
-            "onebit can run here: the CPU backend with the {} kernels",
-            isa.name()
-        ),
+    let sentence = match enough {
+        true => format!("onebit can run here: the CPU backend with the {kernel} kernels"),
         false => format!(
             "onebit cannot run here: {} MB of memory available, the smallest model needs {} MB",
             available.unwrap_or(0) >> 20,
             MIN_AVAILABLE_BYTES >> 20
         ),
     };
+    (enough, sentence)
+}
+
+pub fn run(args: &ValidateArgs) -> Result<()> {
+    let isa = Isa::detect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (total, available) = (meminfo("MemTotal:"), meminfo("MemAvailable:"));
+    let npu = probe_this_machine();
+    let xrt = crate::doctor::installed_xrt();
+    let (enough, verdict) = verdict(available, &isa.name());
     if args.json {
         println!(
             "{}",
@@ -101,4 +105,32 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
         bail!("validate: {verdict}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Too little memory is refused with the amount and the need; enough, or a machine
+    /// that does not say, is not.
+    #[test]
+    fn low_memory_is_refused_by_amount() {
+        let (ok, sentence) = verdict(Some(100 << 20), "avx2");
+        assert!(!ok);
+        assert_eq!(
+            sentence,
+            format!(
+                "onebit cannot run here: 100 MB of memory available, the smallest model needs {} MB",
+                MIN_AVAILABLE_BYTES >> 20
+            )
+        );
+        assert_eq!(
+            verdict(Some(MIN_AVAILABLE_BYTES), "avx2"),
+            (
+                true,
+                "onebit can run here: the CPU backend with the avx2 kernels".to_string()
+            )
+        );
+        assert!(verdict(None, "scalar").0);
+    }
 }
