@@ -18,48 +18,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use dflash_draft::{
-    draft_forward, draft_forward_cached, import_zlab, load_draft, DraftHooks, DraftKvCache,
-    DraftPrecision, DraftWeights,
+    draft_forward, draft_forward_cached, import_zlab, load_draft, DraftKvCache, DraftPrecision,
+    DraftWeights,
 };
 use npu_runtime::{argmax, CpuTarget, Forward, TapRows, TargetPackage};
 use q4nx_format::Container;
+
+mod common;
+use common::{max_diff, shared_fixture as shared, TargetHooks};
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/dflash2-ref")
         .join(name)
-}
-
-fn shared(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
-        .join(name)
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-struct TargetHooks<'t>(&'t CpuTarget);
-
-impl DraftHooks for TargetHooks<'_> {
-    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
-        self.0.embed(tokens).unwrap()
-    }
-    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
-        let vocab = self.0.config().vocab_size;
-        let logits = self.0.lm_head(hidden, n);
-        (0..n)
-            .map(|i| argmax(&logits[i * vocab..(i + 1) * vocab]) as u32)
-            .collect()
-    }
-    fn logits(&self, hidden: &[f32], n: usize) -> Option<Vec<f32>> {
-        Some(self.0.lm_head(hidden, n))
-    }
 }
 
 fn ints(c: &Container, name: &str) -> Vec<u32> {

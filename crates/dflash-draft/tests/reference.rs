@@ -17,44 +17,16 @@
 //! The decisive margins are 0.0226 (target) and 2.83 (draft) per the fixture README,
 //! far above these errors, so the token checks are exact.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use dflash_draft::{
-    draft_forward, draft_forward_cached, fuse_context, import_zlab, load_draft, DraftHooks,
-    DraftKvCache,
+    draft_forward, draft_forward_cached, fuse_context, import_zlab, load_draft, DraftKvCache,
 };
 use npu_runtime::{argmax, CpuTarget, Forward, TapRows, TargetPackage};
 use q4nx_format::Container;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
-        .join(name)
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-struct TargetHooks<'t>(&'t CpuTarget);
-
-impl DraftHooks for TargetHooks<'_> {
-    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
-        self.0.embed(tokens).unwrap()
-    }
-    fn pick(&self, hidden: &[f32], n: usize) -> Vec<u32> {
-        let vocab = self.0.config().vocab_size;
-        let logits = self.0.lm_head(hidden, n);
-        (0..n)
-            .map(|i| argmax(&logits[i * vocab..(i + 1) * vocab]) as u32)
-            .collect()
-    }
-}
+mod common;
+use common::{max_diff, shared_fixture as fixture, TargetHooks};
 
 struct Setup {
     _dirs: (tempfile::TempDir, tempfile::TempDir),
