@@ -18,8 +18,15 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-#[test]
-fn reference_trace_through_the_mtp_loop() {
+/// The `dflash-ref` target converted and the z-lab draft at `draft_source` imported, each
+/// into a temporary directory (kept alive by the first value).
+fn packages(
+    draft_source: &std::path::Path,
+) -> (
+    (tempfile::TempDir, tempfile::TempDir),
+    Arc<TargetPackage>,
+    dflash_draft::DraftModel,
+) {
     let target_dir = tempfile::tempdir().unwrap();
     let (writer, config, _) =
         q4nx_convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
@@ -28,9 +35,15 @@ fn reference_trace_through_the_mtp_loop() {
         .unwrap();
     std::fs::write(target_dir.path().join("config.json"), config.to_string()).unwrap();
     let draft_dir = tempfile::tempdir().unwrap();
-    import_zlab(&fixture("dflash-ref/draft"), draft_dir.path(), None).unwrap();
-    let package = std::sync::Arc::new(TargetPackage::open(target_dir.path()).unwrap());
+    import_zlab(draft_source, draft_dir.path(), None).unwrap();
+    let package = Arc::new(TargetPackage::open(target_dir.path()).unwrap());
     let draft = load_draft(draft_dir.path()).unwrap();
+    ((target_dir, draft_dir), package, draft)
+}
+
+#[test]
+fn reference_trace_through_the_mtp_loop() {
+    let (_dirs, package, draft) = packages(&fixture("dflash-ref/draft"));
     // The trace is f32 arithmetic: the draft's reference precision.
     let weights = draft.reference_weights().unwrap();
     let reference = Container::open(fixture("dflash-ref/reference.safetensors")).unwrap();
@@ -94,17 +107,7 @@ fn reference_trace_through_the_mtp_loop() {
 fn dflash2_reference_through_the_mtp_loop() {
     let data =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dflash-draft/tests/data/dflash2-ref");
-    let target_dir = tempfile::tempdir().unwrap();
-    let (writer, config, _) =
-        q4nx_convert::hf::convert_hf_dir(&fixture("dflash-ref/target")).unwrap();
-    writer
-        .write_file(target_dir.path().join("model.q4nx"))
-        .unwrap();
-    std::fs::write(target_dir.path().join("config.json"), config.to_string()).unwrap();
-    let draft_dir = tempfile::tempdir().unwrap();
-    import_zlab(&data.join("draft"), draft_dir.path(), None).unwrap();
-    let package = std::sync::Arc::new(TargetPackage::open(target_dir.path()).unwrap());
-    let draft = load_draft(draft_dir.path()).unwrap();
+    let (_dirs, package, draft) = packages(&data.join("draft"));
     let reference = Container::open(data.join("reference.safetensors")).unwrap();
     let ints = |n: &str| -> Vec<u32> {
         let t = reference.tensor(n).unwrap();
