@@ -550,6 +550,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "chat-template-file-ignored",
+        file: "crates/onebit-engine/src/lib.rs",
+        find: "            .or(self.package.config.chat_template.as_deref())",
+        replace: "            .and(self.package.config.chat_template.as_deref())",
+        tests: &["-p", "onebit-engine", "--test", "chat_tokens"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "swiglu-chunks-read-up-at-the-wrong-offset",
         file: "crates/onebit-kernels/src/elementwise.rs",
         find: "serial(g, &up[i * CHUNK..])",

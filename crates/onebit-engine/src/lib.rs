@@ -185,6 +185,9 @@ pub struct EngineConfig {
     /// How long a shared pass waits at most for a member busy elsewhere
     /// ([`PassBatcher::linger`]).
     pub pass_linger: std::time::Duration,
+    /// A Jinja chat template file that replaces the package's (`--chat-template FILE`,
+    /// as llama.cpp's `--chat-template-file`): read and checked at load.
+    pub chat_template: Option<PathBuf>,
 }
 
 impl EngineConfig {
@@ -215,6 +218,7 @@ impl EngineConfig {
             ctx_len: None,
             share_passes: false,
             pass_linger: DEFAULT_LINGER,
+            chat_template: None,
         }
     }
 }
@@ -316,6 +320,8 @@ pub struct Engine {
     shared: Shared,
     text: Option<Text>,
     chat_tokens: ChatTokens,
+    /// The template of [`EngineConfig::chat_template`], when one was given.
+    chat_template: Option<String>,
     draft: Option<LoadedDraft>,
     adaptive: Option<mtp::AdaptiveConfig>,
     calibration_seconds: f64,
@@ -327,6 +333,29 @@ pub struct Engine {
     /// The CPU sessions' shared passes, when [`EngineConfig::share_passes`] is set.
     batcher: Option<Arc<PassBatcher>>,
     load_seconds: f64,
+}
+
+/// Reads a chat template file and checks that it renders a one-turn chat: a missing or
+/// non-UTF-8 file, or a template that does not parse, is refused with its path. (A
+/// template's own `raise_exception` is left to the chats that trigger it.)
+fn read_chat_template(path: &std::path::Path, tokens: &ChatTokens) -> Result<String> {
+    let template = std::fs::read_to_string(path).map_err(|e| {
+        EngineError::Invalid(format!(
+            "engine: --chat-template {}: cannot read it: {e}",
+            path.display()
+        ))
+    })?;
+    let probe = [Message {
+        role: "user".into(),
+        content: "hello".into(),
+    }];
+    match render_chat(&template, &probe, tokens, true) {
+        Ok(_) | Err(EngineError::TemplateException { .. }) => Ok(template),
+        Err(e) => Err(EngineError::Invalid(format!(
+            "engine: --chat-template {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// Keeps `value` for the rest of the process (what borrowing targets and drafters need).
@@ -350,6 +379,10 @@ impl Engine {
             package.config.bos_token_id,
             &package.config.eos_token_ids,
         )?;
+        let chat_template = match &config.chat_template {
+            Some(path) => Some(read_chat_template(path, &chat_tokens)?),
+            None => None,
+        };
         let draft = match config.drafter.draft_dir() {
             Some(dir) => {
                 let model = dflash_draft::load_draft(dir)?;
@@ -419,6 +452,7 @@ impl Engine {
             shared,
             text,
             chat_tokens,
+            chat_template,
             draft,
             adaptive,
             calibration_seconds,
@@ -473,9 +507,12 @@ impl Engine {
         self.text.as_ref()
     }
 
-    /// The package's chat template, if it has one.
+    /// The chat template: the one given by [`EngineConfig::chat_template`], else the
+    /// package's, if it has one.
     pub fn chat_template(&self) -> Option<&str> {
-        self.package.config.chat_template.as_deref()
+        self.chat_template
+            .as_deref()
+            .or(self.package.config.chat_template.as_deref())
     }
 
     /// The BOS/EOS strings the chat template sees (the package's own).

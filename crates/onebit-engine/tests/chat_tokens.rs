@@ -246,3 +246,52 @@ fn smollm2_chat_prompts_encode_to_its_special_ids_with_bos_once() {
     assert_ne!(ids[1], 1, "BOS twice: {ids:?}");
     assert_eq!(ids, text.encode_chat(&rendered).unwrap());
 }
+
+/// `--chat-template FILE` (`EngineConfig::chat_template`) replaces the package's
+/// template; a file that cannot be read, or a template that does not parse, is refused
+/// at load with the flag and the path.
+#[test]
+fn a_chat_template_file_replaces_the_packages_and_bad_ones_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = package(dir.path(), NO_BOS, false);
+    let file = dir.path().join("override.jinja");
+    std::fs::write(
+        &file,
+        "{% for m in messages %}<<{{ m.role }}:{{ m.content }}>>{% endfor %}{% if add_generation_prompt %}<<assistant:{% endif %}",
+    )
+    .unwrap();
+    config.chat_template = Some(file.clone());
+    let engine = Engine::load(&config).unwrap();
+    let chat = [Message {
+        role: "user".into(),
+        content: "hi".into(),
+    }];
+    assert_eq!(
+        engine.render_chat(&chat).unwrap(),
+        "<<user:hi>><<assistant:"
+    );
+    assert!(engine
+        .chat_template()
+        .unwrap()
+        .starts_with("{% for m in messages %}<<"));
+
+    let missing = dir.path().join("absent.jinja");
+    config.chat_template = Some(missing.clone());
+    let err = Engine::load(&config).err().unwrap().to_string();
+    assert!(
+        err.contains(&format!(
+            "--chat-template {}: cannot read it",
+            missing.display()
+        )),
+        "{err}"
+    );
+
+    std::fs::write(&file, "{% for m in messages %}unclosed").unwrap();
+    config.chat_template = Some(file.clone());
+    let err = Engine::load(&config).err().unwrap().to_string();
+    assert!(
+        err.contains(&format!("--chat-template {}: ", file.display()))
+            && err.contains("does not parse"),
+        "{err}"
+    );
+}

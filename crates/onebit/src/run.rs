@@ -57,6 +57,10 @@ pub struct TargetArgs {
     /// The XRT device index, for --backend npu.
     #[arg(long, default_value_t = 0)]
     pub device: u32,
+    /// A Jinja chat template file that replaces the package's (as llama.cpp's
+    /// --chat-template-file); refused by name when it cannot be read or parsed.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 impl TargetArgs {
@@ -82,6 +86,7 @@ impl TargetArgs {
         config.threads = self.threads;
         config.head = self.head.kind();
         config.kv_type = self.kv_type.resolve(self.backend, config.precision);
+        config.chat_template = self.chat_template.clone();
         Ok(config)
     }
 
@@ -309,7 +314,7 @@ pub fn prompt(args: &RunArgs, engine: &Engine) -> Result<Prompt> {
     };
     if args.chat {
         if engine.chat_template().is_none() {
-            bail!("run: --chat needs a chat_template in config.json");
+            bail!("run: --chat needs a chat_template in config.json, or --chat-template FILE");
         }
         let mut messages = Vec::new();
         if let Some(system) = &args.system {

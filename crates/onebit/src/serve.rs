@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// repeat for several origins. Default: no CORS headers.
     #[arg(long, value_name = "ORIGIN")]
     pub cors: Vec<String>,
+    /// A Jinja chat template file that replaces the package's (as llama.cpp's
+    /// --chat-template-file); refused by name when it cannot be read or parsed.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Parses the flags and serves until the process is stopped.
@@ -109,6 +113,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         backend: crate::backend::BackendArg::Cpu,
         kernels: None,
         device: 0,
+        chat_template: args.chat_template.clone(),
     };
     let mut engine = target.engine_config()?;
     engine.drafter = DrafterConfig::from_flags(

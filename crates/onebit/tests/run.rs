@@ -113,6 +113,22 @@ fn bad_run_inputs_exit_2_by_name() {
     onebit()
         .args([
             "run",
+            "--prompt",
+            "hi",
+            "--chat",
+            "--chat-template",
+            "/nonexistent/t.jinja",
+            "--model",
+        ])
+        .arg(fixture("tiny-qwen3"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--chat-template /nonexistent/t.jinja: cannot read it",
+        ));
+    onebit()
+        .args([
+            "run",
             "--prompt-tokens",
             "1",
             "--head",
@@ -128,6 +144,44 @@ fn bad_run_inputs_exit_2_by_name() {
 /// Every sampling flag reaches the sampler: greedy with strong penalties is another
 /// text than plain greedy (the penalties change the argmax), top-k 1 at a high
 /// temperature is greedy, and a seed replays a penalized sampled run.
+/// `--chat-template FILE` gives a package without a template a chat prompt: the rendered
+/// text is what the model is prompted with (`--json` reports its tokens).
+#[test]
+fn a_chat_template_file_makes_the_chat_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.jinja");
+    std::fs::write(
+        &file,
+        "{% for m in messages %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}ok{% endif %}",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = onebit()
+            .args(["run", "--json", "--max-tokens", "1", "--model"])
+            .arg(fixture("tiny-qwen3"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["prompt_tokens"].clone()
+    };
+    let chat = run(&[
+        "--chat",
+        "--chat-template",
+        file.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    let raw = run(&["--prompt", "hi ok"]);
+    assert!(chat.as_array().is_some_and(|ids| !ids.is_empty()), "{chat}");
+    assert_eq!(chat, raw, "the chat prompt is the file's rendering");
+}
+
 #[test]
 fn sampling_flags_reach_the_sampler() {
     let run = |extra: &[&str]| -> String {
