@@ -550,6 +550,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "sse-keep-alive-never-sent",
+        file: "crates/onebit-serve/src/generate.rs",
+        find: "out.extend_from_slice(b\": keep-alive\\n\\n\");",
+        replace: "let _ = &mut out;",
+        tests: &["-p", "onebit-serve", "--test", "serve", "silent_sse_streams"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "chat-template-file-ignored",
         file: "crates/onebit-engine/src/lib.rs",
         find: "            .or(self.package.config.chat_template.as_deref())",

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -312,7 +312,7 @@ pub(crate) async fn run_job(
         seed: job.seed,
     };
     if job.stream {
-        stream_response(job, meta, rx, cancel)
+        stream_response(job, meta, rx, cancel, app.sse_keep_alive)
     } else {
         whole_response(job, meta, rx, cancel).await
     }
@@ -509,6 +509,7 @@ pub(crate) fn stream_response(
     meta: Meta,
     rx: mpsc::Receiver<Msg>,
     cancel: CancelFlag,
+    keep_alive: Duration,
 ) -> Response {
     struct St {
         job: Job,
@@ -527,7 +528,7 @@ pub(crate) fn stream_response(
         first: true,
         finished: false,
     };
-    let stream = futures_util::stream::unfold(state, |mut st| async move {
+    let stream = futures_util::stream::unfold(state, move |mut st| async move {
         if st.finished {
             return None;
         }
@@ -544,7 +545,21 @@ pub(crate) fn stream_response(
             )));
         }
         st.first = false;
-        match st.rx.recv().await {
+        // SSE may carry comments: while nothing comes (queued, prefilling, a slow
+        // token), one every `keep_alive` keeps proxies and clients from timing out.
+        // NDJSON (Ollama) has no comment line.
+        let next = if ollama {
+            st.rx.recv().await
+        } else {
+            match tokio::time::timeout(keep_alive, st.rx.recv()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    out.extend_from_slice(b": keep-alive\n\n");
+                    return Some((Ok(Bytes::from(out)), st));
+                }
+            }
+        };
+        match next {
             Some(Msg::Piece(text, logprobs)) => {
                 if ollama {
                     let mut line = ollama_line(&st.job, &st.meta, &text, false);

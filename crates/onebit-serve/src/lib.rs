@@ -89,6 +89,9 @@ pub struct DebugDelays {
     pub tokenize: Duration,
 }
 
+/// How long a streamed OpenAI answer stays silent before an SSE keep-alive comment.
+pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
 /// What `onebit serve` was asked for.
 #[derive(Clone)]
 pub struct ServeOptions {
@@ -113,6 +116,10 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Browser origins allowed to call the API (`*`: any); empty: no CORS headers.
     pub cors: Vec<String>,
+    /// A streamed OpenAI answer with nothing to send for this long (queued, prefilling,
+    /// or a slow token) sends an SSE comment (`: keep-alive`), so proxies and clients
+    /// with read timeouts keep the connection (axum's and llama-server's habit).
+    pub sse_keep_alive: Duration,
     /// For tests.
     pub debug: DebugDelays,
     /// Where log lines go.
@@ -134,6 +141,7 @@ impl ServeOptions {
             quiet: false,
             api_key: None,
             cors: Vec::new(),
+            sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
             debug: DebugDelays::default(),
             log: Log::stderr(),
         }
@@ -150,6 +158,7 @@ struct App {
     q_len: usize,
     waiting: AtomicUsize,
     token_delay: Duration,
+    sse_keep_alive: Duration,
     tokenize_delay: Duration,
     started: Instant,
     created: u64,
@@ -223,6 +232,7 @@ pub fn start(options: ServeOptions) -> Result<Running> {
         q_len: options.q_len,
         waiting: AtomicUsize::new(0),
         token_delay: options.debug.token,
+        sse_keep_alive: options.sse_keep_alive,
         tokenize_delay: options.debug.tokenize,
         started: Instant::now(),
         created: encode::unix_now(),

@@ -144,6 +144,44 @@ fn every_route_answers_in_its_shape() {
     s.wait_log("/api/generate 200 prompt ", 1);
 }
 
+/// While a streamed OpenAI answer has nothing to send (here: 150 ms a token against a
+/// 40 ms keep-alive), the server sends SSE comments (`: keep-alive`), which SSE clients
+/// skip; the data events are the same as without them. Ollama's NDJSON gets none.
+#[test]
+fn silent_sse_streams_send_keep_alive_comments() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(
+        &pkg,
+        &["--debug-token-delay-ms", "150", "--sse-keep-alive-ms", "40"],
+        true,
+    );
+    let (_, whole) = s.post("/v1/chat/completions", &chat("Tell me a story", 3));
+    let mut body = chat("Tell me a story", 3);
+    body["stream"] = json!(true);
+    let (st, _, text) = s.post_raw("/v1/chat/completions", &body);
+    assert_eq!(st, 200);
+    let comments = text.matches(": keep-alive\n\n").count();
+    assert!(comments >= 2, "{text:?}");
+    let data = text.replace(": keep-alive\n\n", "");
+    let events = sse_events(&data);
+    let content: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(content, whole["choices"][0]["message"]["content"]);
+    let (st, _, ndjson) = s.post_raw(
+        "/api/generate",
+        &json!({"model": "tiny-llama", "prompt": "Once", "options": {"num_predict": 2}}),
+    );
+    assert_eq!(st, 200);
+    assert!(!ndjson.contains("keep-alive"), "{ndjson:?}");
+}
+
 #[test]
 fn sse_streams_are_framed_and_end_with_done() {
     let (_dir, pkg) = tiny();

@@ -78,6 +78,7 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
             "--debug-token-delay-ms" => debug.token = ms(value()),
             "--debug-load-delay-ms" => debug.load = ms(value()),
             "--debug-tokenize-delay-ms" => debug.tokenize = ms(value()),
+            "--sse-keep-alive-ms" => o.sse_keep_alive = ms(value()),
             other => panic!("the harness does not know {other}"),
         }
     }
