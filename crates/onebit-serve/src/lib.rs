@@ -7,12 +7,13 @@
 //!
 //! The listener is bound first and answers while the model loads (`/health` and the
 //! model routes say 503 until it is ready), so a launcher polling `/api/tags` sees 200
-//! exactly when requests can be served. Generation runs on tokio's blocking threads, one
-//! [`Session`] per `--parallel` slot over one shared [`Engine`]; requests beyond the
-//! slots wait in a FIFO queue of `--q-len` (tokio's semaphore is fair), and past that are
-//! refused with 503 and `Retry-After`. A request whose client goes away (its response
-//! body or its handler dropped) sets its [`CancelFlag`]; the generation stops at the
-//! next token and the session goes back to the pool.
+//! exactly when requests can be served. Generation runs on tokio's blocking threads,
+//! one [`Session`](onebit_engine::Session) per `--parallel` slot over one shared
+//! [`Engine`]; requests beyond the slots wait in a FIFO queue of `--q-len` (tokio's
+//! semaphore is fair), and past that are refused with 503 and `Retry-After`. A request
+//! whose client goes away (its response body or its handler dropped) sets its
+//! [`CancelFlag`](onebit_engine::CancelFlag); the generation stops at the next token
+//! and the session goes back to the pool.
 //!
 //! Modules by concern: `routes/` (OpenAI, Ollama, llama-server's text routes),
 //! `request` (bodies checked into one `Job`), `generate` (a job run and answered,
