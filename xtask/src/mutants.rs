@@ -149,7 +149,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "q8-quantizer-truncates-instead-of-rounding",
-        file: "crates/onebit-kernels/src/q8/mod.rs",
+        file: "crates/onebit-kernels/src/q8/quantize.rs",
         find: "*c = code_of(round_even(v * inverse));",
         replace: "*c = code_of(v * inverse);",
         tests: &["-p", "onebit-kernels", "--test", "q8"],
@@ -176,7 +176,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "matmul-avx2-batched-rows-sum-in-another-order",
-        file: "crates/onebit-kernels/src/matmul.rs",
+        file: "crates/onebit-kernels/src/matmul/x86.rs",
         find: "let t = _mm256_fmadd_ps(m, sx, _mm256_mul_ps(d, acc[r][q]));",
         replace: "let t = if R > 1 { _mm256_add_ps(_mm256_mul_ps(m, sx), _mm256_mul_ps(d, acc[r][q])) } else { _mm256_fmadd_ps(m, sx, _mm256_mul_ps(d, acc[r][q])) };",
         tests: &["-p", "onebit-kernels", "--test", "matmul"],
@@ -497,7 +497,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "matmul-batched-rows-sum-in-another-order",
-        file: "crates/onebit-kernels/src/matmul.rs",
+        file: "crates/onebit-kernels/src/matmul/x86.rs",
         find: "let t = _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg]));",
         replace: "let t = if R > 1 { _mm512_add_ps(_mm512_mul_ps(m, sx), _mm512_mul_ps(d, acc[r][rg])) } else { _mm512_fmadd_ps(m, sx, _mm512_mul_ps(d, acc[r][rg])) };",
         tests: &["-p", "onebit-kernels", "--test", "matmul", "-p", "npu-runtime", "--test", "reference"],
@@ -800,7 +800,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "shared-weight-buffer-ranges-all-start-at-zero",
-        file: "crates/onebit-kernels/src/q8/mod.rs",
+        file: "crates/onebit-kernels/src/q8/pack.rs",
         find: "let at = ranges.last().map_or(0, |r: &Range<usize>| r.end);",
         replace: "let at = ranges.last().map_or(0, |_: &Range<usize>| 0);",
         tests: &["-p", "onebit-kernels", "--test", "q8"],

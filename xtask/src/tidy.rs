@@ -39,6 +39,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("binary-modules-acyclic", binary_modules_acyclic),
     ("skips-are-logged", skips_are_logged),
     ("serve-depends-only-on-engine", serve_depends_only_on_engine),
+    (
+        "kernel-families-share-one-layout",
+        kernel_families_share_one_layout,
+    ),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -278,6 +282,61 @@ pub fn serve_depends_only_on_engine(root: &Path) -> Result<Vec<Violation>> {
                     ),
                 });
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The kernels crate's source.
+pub const KERNELS_SRC: &str = "crates/onebit-kernels/src";
+/// The kernel families with per-ISA variants: a directory each.
+pub const KERNEL_FAMILIES: &[&str] = &["matmul", "q8", "dense", "attention"];
+/// What each family directory holds: the dispatch from an `Isa` token, the scalar code
+/// that defines the bits, and the x86 variants.
+pub const FAMILY_FILES: &[&str] = &["mod.rs", "reference.rs", "x86.rs"];
+/// Files of the kernels crate, besides the families' `x86.rs`, that may name
+/// `std::arch`: detection, the crate root's prefetch hint, the AMX variant's `asm!` layer.
+pub const ARCH_FILES: &[&str] = &["isa.rs", "lib.rs", "q8/amx.rs"];
+
+/// Every kernel family is laid out alike (`mod.rs` + `reference.rs` + `x86.rs`), and x86
+/// intrinsics (`std::arch`) appear only in the families' `x86.rs` and [`ARCH_FILES`], so
+/// a reader finds a family's bits and its variants in the same places every time.
+pub fn kernel_families_share_one_layout(root: &Path) -> Result<Vec<Violation>> {
+    let src = root.join(KERNELS_SRC);
+    let mut out = Vec::new();
+    for family in KERNEL_FAMILIES {
+        for file in FAMILY_FILES {
+            let path = src.join(family).join(file);
+            if !path.is_file() {
+                out.push(Violation {
+                    file: rel(root, &path),
+                    line: 1,
+                    message: format!(
+                        "kernel family `{family}` has no {file}: each family is {} (the dispatch, the bits, the x86 variants)",
+                        FAMILY_FILES.join(" + ")
+                    ),
+                });
+            }
+        }
+    }
+    for file in rust_files(&src)? {
+        let inner = file.strip_prefix(&src).unwrap_or(&file);
+        let in_family_x86 = inner.file_name().is_some_and(|n| n == "x86.rs")
+            && inner
+                .parent()
+                .and_then(|p| p.to_str())
+                .is_some_and(|p| KERNEL_FAMILIES.contains(&p));
+        let allowed = ARCH_FILES.iter().any(|a| inner == Path::new(a));
+        if in_family_x86 || allowed {
+            continue;
+        }
+        let code = code_only(&read(&file)?);
+        for line in word_lines(&code, "std::arch") {
+            out.push(Violation {
+                file: rel(root, &file),
+                line,
+                message: "x86 intrinsics (`std::arch`) outside a kernel family's x86.rs: put the variant there".into(),
+            });
         }
     }
     Ok(out)
@@ -808,6 +867,55 @@ mod tests {
                 found.iter().map(|v| format!("  {v}\n")).collect::<String>()
             );
         }
+    }
+
+    #[test]
+    fn a_kernel_family_out_of_layout_is_found() {
+        let family = |f: &'static str| {
+            FAMILY_FILES
+                .iter()
+                .map(move |file| (format!("{KERNELS_SRC}/{f}/{file}"), String::from("//! x\n")))
+        };
+        let mut files: Vec<(String, String)> =
+            KERNEL_FAMILIES.iter().flat_map(|&f| family(f)).collect();
+        files.push((
+            format!("{KERNELS_SRC}/matmul/x86.rs"),
+            "use std::arch::x86_64::*;\n".into(),
+        ));
+        files.push((
+            format!("{KERNELS_SRC}/isa.rs"),
+            "use std::arch::x86_64::__cpuid;\n".into(),
+        ));
+        let as_refs = |files: &[(String, String)]| -> tempfile::TempDir {
+            let refs: Vec<(&str, &str)> = files
+                .iter()
+                .map(|(p, t)| (p.as_str(), t.as_str()))
+                .collect();
+            tree(&refs)
+        };
+        let t = as_refs(&files);
+        assert!(kernel_families_share_one_layout(t.path())
+            .unwrap()
+            .is_empty());
+        // A family without its reference.
+        let missing: Vec<_> = files
+            .iter()
+            .filter(|(p, _)| !p.ends_with("dense/reference.rs"))
+            .cloned()
+            .collect();
+        let t = as_refs(&missing);
+        assert!(only(kernel_families_share_one_layout(t.path()).unwrap())
+            .starts_with("crates/onebit-kernels/src/dense/reference.rs:1: kernel family `dense` has no reference.rs"));
+        // Intrinsics in a family's dispatch.
+        let mut planted = files.clone();
+        planted.push((
+            format!("{KERNELS_SRC}/q8/quantize.rs"),
+            "//! std::arch in a comment is fine\nfn f() {}\nuse std::arch::x86_64::_mm_add_ps;\n"
+                .into(),
+        ));
+        let t = as_refs(&planted);
+        assert!(only(kernel_families_share_one_layout(t.path()).unwrap())
+            .starts_with("crates/onebit-kernels/src/q8/quantize.rs:3: x86 intrinsics"));
     }
 
     #[test]

@@ -1,91 +1,10 @@
-//! `y = x · Wᵀ` for a dense BF16 W (`rows × k`, row-major): the tied LM head read
-//! straight from the BF16 embedding.
-//!
-//! The arithmetic per output element is fixed: sixteen lane sums, lane `j` adding
-//! `fma(w[c], x[c], acc_j)` for `c = j, j + 16, ...` in order, then the tree
-//! `j + j⊕8`, `+ j⊕4`, `+ j⊕2`, `+ j⊕1`. The AVX-512 kernel performs exactly those
-//! operations, so it equals the scalar one bit for bit, and every row is computed the
-//! same way whatever the batch size (batch invariance).
+//! The x86-64 variants of the BF16 × f32 family (AVX2 + FMA, AVX-512), each performing
+//! the reference's operations per element.
 
-use half::bf16;
-
-use crate::isa::Isa;
-
-const LANES: usize = 16;
-
-/// One output element by the defining operations (requires `k % 16 == 0`).
-pub fn reference_dot(w: &[u8], x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for (c, &xv) in x.iter().enumerate() {
-        let wv = bf16::from_le_bytes([w[2 * c], w[2 * c + 1]]).to_f32();
-        acc[c % LANES] = wv.mul_add(xv, acc[c % LANES]);
-    }
-    reduce_lanes(acc)
-}
-
-/// The fixed reduction tree over the sixteen lane sums.
-fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            acc[j] += acc[j + width];
-        }
-    }
-    acc[0]
-}
-
-/// The name of the variant this family runs under `isa` (for reports).
-pub fn variant_name(isa: Isa) -> &'static str {
-    if isa.avx512() {
-        "avx512"
-    } else if isa.avx2() {
-        "avx2"
-    } else {
-        "scalar"
-    }
-}
-
-/// `y[i * rows + r] = Σ_c W[r][c] · x[i * k + c]`.
-///
-/// # Panics
-/// If `k` is not a multiple of 16 or the slices do not match.
-pub fn matmul_bf16(w: &[u8], rows: usize, k: usize, x: &[f32], n: usize, y: &mut [f32], isa: Isa) {
-    assert_eq!(k % LANES, 0, "K must be a multiple of 16");
-    assert_eq!(w.len(), rows * k * 2);
-    assert_eq!(x.len(), n * k);
-    assert_eq!(y.len(), n * rows);
-    const BLOCK: usize = 64;
-    crate::blocks_through_scratch(y, rows, n, BLOCK, |b, out| {
-        let first = b * BLOCK;
-        let count = BLOCK.min(rows.saturating_sub(first));
-        #[cfg(target_arch = "x86_64")]
-        if isa.avx512() {
-            // SAFETY: the token's avx512 flag is set only by run-time detection.
-            unsafe { avx512::block(w, first, count, k, x, n, out) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if isa.avx2() {
-            // SAFETY: the token's avx2 flag (avx2 + fma) is set only by detection.
-            unsafe { avx2::block(w, first, count, k, x, n, out) };
-            return;
-        }
-        for r in 0..count {
-            let row = first + r;
-            let wr = &w[row * k * 2..(row + 1) * k * 2];
-            for i in 0..n {
-                out[r * n + i] = reference_dot(wr, &x[i * k..(i + 1) * k]);
-            }
-        }
-    });
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{reduce_lanes, LANES};
+    use super::super::reference::{reduce_lanes, LANES};
 
     /// `out[r * n + i]` for `count` rows from `first` and all `n` inputs. Each 16-column
     /// chunk of a row is widened from BF16 once and multiplied into the accumulators of
@@ -93,7 +12,7 @@ mod avx512 {
     /// decode per chunk instead of one per input. Each accumulator still adds its
     /// columns in order, so every element is `reference_dot`'s bits.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn block(
+    pub(in crate::dense) unsafe fn block(
         w: &[u8],
         first: usize,
         count: usize,
@@ -177,74 +96,9 @@ mod avx512 {
     }
 }
 
-/// `y = x · Wᵀ` for a BF16 W stored in block-column order `[rows/32][k][32]`
-/// (element `[b][c][r]` is `W[b*32 + r][c]`): the DFlash fusion matrix's layout.
-///
-/// Per output element: `acc = Σ_c fma(W[r][c], x[c], acc)` in column order, so every
-/// row is computed the same way whatever the batch (batch invariance).
-pub fn matmul_bf16_block_columns(
-    w: &[u8],
-    rows: usize,
-    k: usize,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-    isa: Isa,
-) {
-    assert_eq!(rows % 32, 0, "rows must be a multiple of 32");
-    assert_eq!(w.len(), rows * k * 2);
-    assert_eq!(x.len(), n * k);
-    assert_eq!(y.len(), n * rows);
-    crate::blocks_through_scratch(y, rows, n, 32, |b, out| {
-        let block = &w[b * k * 64..(b + 1) * k * 64];
-        #[cfg(target_arch = "x86_64")]
-        if isa.avx2() {
-            // Up to 8 inputs per sweep of the block: each column is widened once
-            // and feeds independent accumulator chains.
-            let mut i = 0;
-            while i < n {
-                // SAFETY: the token's avx512 / avx2 flags are set only by detection.
-                let step = unsafe {
-                    match (isa.avx512(), n - i) {
-                        (true, 8..) => avx512_block_columns::<8>(block, x, k, i, n, out),
-                        (true, 4..=7) => avx512_block_columns::<4>(block, x, k, i, n, out),
-                        (true, 2 | 3) => avx512_block_columns::<2>(block, x, k, i, n, out),
-                        (true, _) => avx512_block_columns::<1>(block, x, k, i, n, out),
-                        (false, 4..) => avx2_block_columns::<4>(block, x, k, i, n, out),
-                        (false, 2 | 3) => avx2_block_columns::<2>(block, x, k, i, n, out),
-                        (false, _) => avx2_block_columns::<1>(block, x, k, i, n, out),
-                    }
-                };
-                i += step;
-            }
-            return;
-        }
-        for i in 0..n {
-            let acc = scalar_block_column(block, &x[i * k..(i + 1) * k]);
-            for (r, &a) in acc.iter().enumerate() {
-                out[r * n + i] = a;
-            }
-        }
-    });
-}
-
-/// 32 outputs of one row block: `acc[r] = Σ_c fma(W[r][c], x[c], acc[r])`.
-fn scalar_block_column(block: &[u8], x: &[f32]) -> [f32; 32] {
-    let mut acc = [0f32; 32];
-    for (c, &xv) in x.iter().enumerate() {
-        let col = &block[c * 64..(c + 1) * 64];
-        for (r, a) in acc.iter_mut().enumerate() {
-            let wv = bf16::from_le_bytes([col[2 * r], col[2 * r + 1]]).to_f32();
-            *a = wv.mul_add(xv, *a);
-        }
-    }
-    acc
-}
-
 /// Inputs `i0 .. i0 + R` of one row block (`out[r * n + i]`); returns `R`.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_block_columns<const R: usize>(
+pub(super) unsafe fn avx512_block_columns<const R: usize>(
     block: &[u8],
     x: &[f32],
     k: usize,
@@ -285,9 +139,8 @@ unsafe fn avx512_block_columns<const R: usize>(
 
 /// [`avx512_block_columns`] on AVX2: the 32 rows of a column as four 8-lane vectors,
 /// the same fused multiply-adds in the same order per row.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_block_columns<const R: usize>(
+pub(super) unsafe fn avx2_block_columns<const R: usize>(
     block: &[u8],
     x: &[f32],
     k: usize,
@@ -327,17 +180,16 @@ unsafe fn avx2_block_columns<const R: usize>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{reduce_lanes, LANES};
+    use super::super::reference::{reduce_lanes, LANES};
 
     /// `out[r * n + i]` for `count` rows from `first` and all `n` inputs: the sixteen
-    /// lane sums of [`super::reference_dot`] as two 8-lane vectors (lanes 0..8 and
+    /// lane sums of [`crate::dense::reference_dot`] as two 8-lane vectors (lanes 0..8 and
     /// 8..16), each lane adding its columns in order, then the same reduction tree.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block(
+    pub(in crate::dense) unsafe fn block(
         w: &[u8],
         first: usize,
         count: usize,
