@@ -13,24 +13,16 @@
 //! tokens, then decodes and times its passes at that depth).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-/// The llama-cpp-python release whose vendored llama.cpp is the peer (August 2025,
-/// `tools/llama-bench` with `-d`). Later 0.3.x sdists vendor six times the sources,
-/// which takes too long to build on a two-core machine; bumping is this one line (and
-/// perhaps the cmake options below).
-pub const LLAMA_CPP_PYTHON: &str = "0.3.16";
-/// cmake and ninja from PyPI when the system has none (wheels only).
-const CMAKE_PIN: &str = "cmake==3.31.10";
-const NINJA_PIN: &str = "ninja==1.13.0";
+use crate::llama_cpp::{self, LLAMA_CPP_PYTHON};
 
 const USAGE: &str = "usage: cargo xtask bench-peer [--threads N] [--context N] [--json] \
-[--gguf PATH --model DIR] [--llama-bench-arg ARG ...] [-- ONEBIT-BENCH-FLAGS]";
+[--model smollm2|gemma3 | --gguf PATH --model DIR] [--llama-bench-arg ARG ...] [-- ONEBIT-BENCH-FLAGS]";
 
 struct Options {
     threads: usize,
@@ -38,9 +30,18 @@ struct Options {
     json: bool,
     gguf: Option<PathBuf>,
     model: Option<PathBuf>,
+    /// A model of `cargo xtask fetch-model` (`--model NAME` without `--gguf`).
+    fetched: Fetched,
     onebit_extra: Vec<String>,
     /// Extra llama-bench arguments (`--llama-bench-arg`, repeatable), e.g. `--poll 0`.
     llama_extra: Vec<String>,
+}
+
+/// The fetched models bench-peer knows by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fetched {
+    Smollm2,
+    Gemma3,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -50,6 +51,7 @@ fn parse(args: &[String]) -> Result<Options> {
         json: false,
         gguf: None,
         model: None,
+        fetched: Fetched::Smollm2,
         onebit_extra: Vec::new(),
         llama_extra: Vec::new(),
     };
@@ -91,8 +93,24 @@ fn parse(args: &[String]) -> Result<Options> {
             other => bail!("bench-peer: unknown argument '{other}'\n{USAGE}"),
         }
     }
-    if o.gguf.is_some() != o.model.is_some() {
-        bail!("bench-peer: --gguf and --model go together (the GGUF for llama.cpp and the onebit package converted from it)");
+    match (&o.gguf, &o.model) {
+        (Some(_), None) => bail!(
+            "bench-peer: --gguf needs --model DIR (the onebit package converted from that GGUF)"
+        ),
+        // Without --gguf, --model names a fetched model.
+        (None, Some(name)) => {
+            o.fetched = match name.to_str() {
+                Some("smollm2") => Fetched::Smollm2,
+                Some("gemma3") => Fetched::Gemma3,
+                _ => bail!(
+                    "bench-peer: --model '{}' without --gguf names a fetched model (smollm2, gemma3); \
+                     for a package directory give its GGUF with --gguf PATH",
+                    name.display()
+                ),
+            };
+            o.model = None;
+        }
+        _ => {}
     }
     Ok(o)
 }
@@ -105,19 +123,31 @@ macro_rules! step {
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     let root = crate::workspace_root();
-    let peer = root.join("target/peer");
-    std::fs::create_dir_all(&peer)
-        .with_context(|| format!("bench-peer: cannot create {}", peer.display()))?;
+    let peer = llama_cpp::peer_dir()?;
 
     step!("[1/5] model");
     let (gguf, model) = match (&o.gguf, &o.model) {
         (Some(g), Some(m)) => (g.clone(), m.clone()),
         _ => {
-            let gguf = crate::models::models_dir().join(crate::models::SMOLLM2_GGUF);
-            let pkg = crate::models::smollm2_package();
+            let (name, gguf, pkg, fetch): (_, _, _, fn() -> Result<PathBuf>) = match o.fetched {
+                Fetched::Smollm2 => (
+                    "smollm2",
+                    crate::models::SMOLLM2_GGUF,
+                    crate::models::smollm2_package(),
+                    crate::models::fetch_smollm2,
+                ),
+                Fetched::Gemma3 => (
+                    "gemma3",
+                    crate::models::GEMMA3_GGUF,
+                    crate::models::gemma3_package(),
+                    crate::models::fetch_gemma3,
+                ),
+            };
+            let gguf = crate::models::models_dir().join(gguf);
             if !gguf.exists() || !pkg.join("model.q4nx").exists() {
-                crate::models::fetch_smollm2()
-                    .context("bench-peer: step 'model' (cargo xtask fetch-model smollm2) failed")?;
+                fetch().with_context(|| {
+                    format!("bench-peer: step 'model' (cargo xtask fetch-model {name}) failed")
+                })?;
             }
             (gguf, pkg)
         }
@@ -132,7 +162,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "[2/5] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
         peer.display()
     );
-    let llama_bench = ensure_llama_bench(&peer)?;
+    let llama_bench = llama_cpp::ensure_tool(&peer, "llama-bench")?;
 
     step!("[3/5] onebit (cargo build --release -p onebit)");
     let onebit = build_onebit(&root)?;
@@ -167,244 +197,6 @@ pub fn run(args: &[String]) -> Result<()> {
         report.print();
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// llama-bench: sdist, tools, build.
-
-fn python() -> Result<String> {
-    for candidate in ["python3", "python"] {
-        if Command::new(candidate)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Ok(candidate.to_string());
-        }
-    }
-    bail!("bench-peer: no python3 on PATH (pip downloads llama-cpp-python, and cmake when missing)")
-}
-
-/// Runs `cmd` with its output appended to `log`; on failure prints the log's last lines
-/// and names the step, the command and the log.
-fn logged(step: &str, cmd: &mut Command, log: &Path) -> Result<()> {
-    let out = File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("bench-peer: cannot open the log {}", log.display()))?;
-    let shown = format!("{cmd:?}");
-    let st = cmd
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .status()
-        .with_context(|| format!("bench-peer: step '{step}': cannot start {shown}"))?;
-    if !st.success() {
-        eprintln!("--- last 30 lines of {} ---", log.display());
-        if let Ok(f) = File::open(log) {
-            let lines: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
-            for l in &lines[lines.len().saturating_sub(30)..] {
-                eprintln!("{l}");
-            }
-        }
-        bail!(
-            "bench-peer: step '{step}' failed ({st}): {shown}; full log in {}",
-            log.display()
-        );
-    }
-    Ok(())
-}
-
-fn works(program: &Path, arg: &str) -> bool {
-    works_args(program, &[arg])
-}
-
-fn works_args(program: &Path, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The llama.cpp source tree inside the unpacked sdist, downloading it if needed.
-fn ensure_sdist(peer: &Path) -> Result<PathBuf> {
-    let src = peer.join(format!("llama-cpp-python-{LLAMA_CPP_PYTHON}"));
-    let llama = src.join("vendor/llama.cpp");
-    if llama.join("tools/llama-bench/llama-bench.cpp").exists() {
-        return Ok(llama);
-    }
-    let py = python()?;
-    let downloads = peer.join("downloads");
-    std::fs::create_dir_all(&downloads)?;
-    let tarball = downloads.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
-    let log = peer.join("download.log");
-    if !tarball.exists() {
-        step!(
-            "  pip download llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist, ~50 MB; log {})",
-            log.display()
-        );
-        // `--no-binary` names only this package: the sdist's build backend still comes
-        // as wheels (`:all:` would compile cmake from source to prepare its metadata).
-        logged(
-            "download the llama-cpp-python sdist",
-            Command::new(&py)
-                .args([
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--disable-pip-version-check",
-                ])
-                .args(["--no-binary", "llama-cpp-python", "-d"])
-                .arg(&downloads)
-                .arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")),
-            &log,
-        )?;
-        if !tarball.exists() {
-            bail!(
-                "bench-peer: pip reported success but {} is missing",
-                tarball.display()
-            );
-        }
-    }
-    step!("  unpacking {}", tarball.display());
-    let staging = peer.join("unpack.partial");
-    let _ = std::fs::remove_dir_all(&staging);
-    let script = "import sys, tarfile\nt = tarfile.open(sys.argv[1])\n\
-                  kw = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}\n\
-                  t.extractall(sys.argv[2], **kw)\n";
-    logged(
-        "unpack the sdist",
-        Command::new(&py)
-            .arg("-c")
-            .arg(script)
-            .arg(&tarball)
-            .arg(&staging),
-        &log,
-    )?;
-    let inner = staging.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}"));
-    let _ = std::fs::remove_dir_all(&src);
-    std::fs::rename(&inner, &src).with_context(|| {
-        format!(
-            "bench-peer: cannot move {} to {}",
-            inner.display(),
-            src.display()
-        )
-    })?;
-    let _ = std::fs::remove_dir_all(&staging);
-    if !llama.join("tools/llama-bench/llama-bench.cpp").exists() {
-        bail!(
-            "bench-peer: the sdist has no vendor/llama.cpp/tools/llama-bench under {}",
-            src.display()
-        );
-    }
-    Ok(llama)
-}
-
-/// cmake and ninja: the system's, or a venv's under `target/peer/venv`.
-fn build_tools(peer: &Path) -> Result<(PathBuf, PathBuf)> {
-    let venv_bin = peer.join("venv/bin");
-    let find = |name: &str| -> Option<PathBuf> {
-        let local = venv_bin.join(name);
-        if works(&local, "--version") {
-            return Some(local);
-        }
-        works(Path::new(name), "--version").then(|| PathBuf::from(name))
-    };
-    let (cmake, ninja) = (find("cmake"), find("ninja"));
-    if let (Some(c), Some(n)) = (&cmake, &ninja) {
-        return Ok((c.clone(), n.clone()));
-    }
-    let log = peer.join("venv.log");
-    let venv = peer.join("venv");
-    // A venv whose creation was interrupted has a python but no pip: make it again.
-    if !works_args(&venv_bin.join("python"), &["-m", "pip", "--version"]) {
-        let _ = std::fs::remove_dir_all(&venv);
-        step!("  python -m venv {}", venv.display());
-        logged(
-            "create the build-tools venv",
-            Command::new(python()?).args(["-m", "venv"]).arg(&venv),
-            &log,
-        )?;
-    }
-    let mut wanted = Vec::new();
-    if cmake.is_none() {
-        wanted.push(CMAKE_PIN);
-    }
-    if ninja.is_none() {
-        wanted.push(NINJA_PIN);
-    }
-    step!("  pip install {} into {}", wanted.join(" "), venv.display());
-    logged(
-        "install cmake/ninja from PyPI",
-        Command::new(venv_bin.join("python"))
-            .args(["-m", "pip", "install", "--disable-pip-version-check"])
-            .args(["--only-binary", ":all:"])
-            .args(&wanted),
-        &log,
-    )?;
-    let c = cmake.unwrap_or_else(|| venv_bin.join("cmake"));
-    let n = ninja.unwrap_or_else(|| venv_bin.join("ninja"));
-    Ok((c, n))
-}
-
-fn ensure_llama_bench(peer: &Path) -> Result<PathBuf> {
-    let build = peer.join(format!("build-{LLAMA_CPP_PYTHON}"));
-    let bin = build.join("bin/llama-bench");
-    if bin.exists() {
-        step!("  reusing {}", bin.display());
-        return Ok(bin);
-    }
-    let llama = ensure_sdist(peer)?;
-    let (cmake, ninja) = build_tools(peer)?;
-    let log = peer.join(format!("build-{LLAMA_CPP_PYTHON}.log"));
-    let _ = std::fs::remove_file(&log);
-    step!("  cmake configure (log {})", log.display());
-    let mut configure = Command::new(&cmake);
-    configure
-        .arg("-S")
-        .arg(&llama)
-        .arg("-B")
-        .arg(&build)
-        .args(["-G", "Ninja"])
-        .arg(format!("-DCMAKE_MAKE_PROGRAM={}", ninja.display()))
-        .args([
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DGGML_NATIVE=ON",
-            "-DGGML_CCACHE=OFF",
-            "-DLLAMA_CURL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_TOOLS=ON",
-            "-DLLAMA_BUILD_SERVER=OFF",
-        ])
-        // The 0.3.16 sdist ships vendor/llama.cpp/.git (a shallow clone: the commit is
-        // right, the build number is 1); should a release ship none, the ceiling keeps
-        // llama.cpp's build-info from finding *this* repository above target/ and
-        // stamping onebit's commit on llama-bench.
-        .env("GIT_CEILING_DIRECTORIES", peer);
-    logged("cmake configure llama.cpp", &mut configure, &log)?;
-    step!("  cmake --build --target llama-bench -j 2 (several minutes on two cores)");
-    logged(
-        "build llama-bench",
-        Command::new(&cmake)
-            .arg("--build")
-            .arg(&build)
-            .args(["--target", "llama-bench", "-j", "2"])
-            .env("GIT_CEILING_DIRECTORIES", peer),
-        &log,
-    )?;
-    if !bin.exists() {
-        bail!(
-            "bench-peer: the build finished but {} is missing; see {}",
-            bin.display(),
-            log.display()
-        );
-    }
-    Ok(bin)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -950,7 +742,14 @@ mod tests {
         assert_eq!((o.threads, o.context, o.json), (4, Some(2048), true));
         assert_eq!(o.llama_extra, a("--poll 0"));
         assert_eq!(o.onebit_extra, a("--head tiles"));
+        assert_eq!(o.fetched, Fetched::Smollm2);
         assert!(parse(&a("--gguf x.gguf")).is_err());
+        let o = parse(&a("--model gemma3")).unwrap();
+        assert_eq!((o.fetched, o.model, o.gguf), (Fetched::Gemma3, None, None));
+        let o = parse(&a("--gguf g.gguf --model gemma3")).unwrap();
+        assert_eq!(o.model, Some(PathBuf::from("gemma3")));
+        let e = parse(&a("--model some/dir")).err().unwrap().to_string();
+        assert!(e.contains("'some/dir'") && e.contains("--gguf"), "{e}");
         assert!(parse(&a("--threads 0")).is_err());
         assert!(parse(&a("--bogus")).is_err());
     }

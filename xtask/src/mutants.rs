@@ -836,7 +836,8 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     // Chat templates: the model's BOS reaches the template, once in the prompt, and a
-    // template's refusal is the client's error.
+    // template's refusal is the client's error. The BOS mutants also fail the tokenizer
+    // oracle (llama.cpp's ids for the real Gemma 3 prompts) when the models are fetched.
     Mutant {
         name: "template-bos-token-empty",
         file: "crates/onebit-engine/src/text.rs",
@@ -851,7 +852,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/onebit-engine/src/text.rs",
         find: "if self.prefix.is_empty() || ids.starts_with(&self.prefix) {",
         replace: "if self.prefix.is_empty() {",
-        tests: &["-p", "onebit-engine", "--test", "chat_tokens"],
+        tests: &["-p", "onebit-engine", "--test", "chat_tokens", "--test", "tokenizer_oracle"],
         also: None,
         requires: &[],
     },
@@ -860,7 +861,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/onebit-engine/src/text.rs",
         find: "Ok(self.prefix.iter().copied().chain(ids).collect())",
         replace: "Ok(ids)",
-        tests: &["-p", "onebit-engine", "--test", "chat_tokens"],
+        tests: &["-p", "onebit-engine", "--test", "chat_tokens", "--test", "tokenizer_oracle"],
         also: None,
         requires: &[],
     },
