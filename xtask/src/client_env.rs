@@ -89,4 +89,3 @@ fn run_step(cmd: &mut Command, what: &str) -> Result<()> {
     }
     Ok(())
 }
-

@@ -220,16 +220,23 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let root = workspace_root();
-    println!("load-test: building onebit (release)");
-    let ok = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--quiet", "-p", "onebit"])
-        .current_dir(&root)
-        .status()?
-        .success();
-    if !ok {
-        bail!("load-test: cargo build failed");
-    }
-    let onebit = root.join("target/release/onebit");
+    // The binary `$ONEBIT_BIN` names (as for fetch-model and the demo), else the
+    // release build.
+    let onebit = match std::env::var_os("ONEBIT_BIN") {
+        Some(bin) => std::path::PathBuf::from(bin),
+        None => {
+            println!("load-test: building onebit (release)");
+            let ok = Command::new(env!("CARGO"))
+                .args(["build", "--release", "--quiet", "-p", "onebit"])
+                .current_dir(&root)
+                .status()?
+                .success();
+            if !ok {
+                bail!("load-test: cargo build failed");
+            }
+            root.join("target/release/onebit")
+        }
+    };
     let pkg = root.join("target/load-test/tiny-llama");
     let ok = Command::new(&onebit)
         .args(["convert", "--quiet", "--force"])
@@ -331,10 +338,10 @@ pub fn run(args: &[String]) -> Result<()> {
                     };
                     match outcome {
                         // Latency of the answers a client waits for in full.
-                        Ok(()) => latencies.lock().expect("lock").push((
-                            matches!(expect, Expect::Ok(_)),
-                            t.elapsed().as_secs_f64(),
-                        )),
+                        Ok(()) => latencies
+                            .lock()
+                            .expect("lock")
+                            .push((matches!(expect, Expect::Ok(_)), t.elapsed().as_secs_f64())),
                         Err(e) => failures
                             .lock()
                             .expect("lock")
@@ -416,7 +423,10 @@ pub fn run(args: &[String]) -> Result<()> {
             println!("  {l}");
         }
         if result.is_ok() {
-            bail!("load-test: the server logged {} internal errors", logged.len());
+            bail!(
+                "load-test: the server logged {} internal errors",
+                logged.len()
+            );
         }
     }
     result

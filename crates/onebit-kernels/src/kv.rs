@@ -530,7 +530,9 @@ mod tests {
 
     /// `n` rows of 2 heads × 8 values, distinct per position.
     fn rows(first: usize, n: usize) -> Vec<f32> {
-        (0..n * 16).map(|i| (first * 16 + i) as f32 * 0.01).collect()
+        (0..n * 16)
+            .map(|i| (first * 16 + i) as f32 * 0.01)
+            .collect()
     }
 
     #[test]

@@ -78,9 +78,7 @@ const TTFT_BOUNDS: &[f64] = &[
 ];
 
 /// Decode time per token, seconds: 1 ms (1000 tok/s) to 1 s.
-const TPOT_BOUNDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-];
+const TPOT_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
 impl Default for Metrics {
     fn default() -> Metrics {

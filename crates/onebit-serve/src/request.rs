@@ -934,8 +934,14 @@ mod tests {
         assert_eq!(ka(json!(0)), Some(KeepAlive::Unload));
         assert_eq!(ka(json!("0s")), Some(KeepAlive::Unload));
         assert_eq!(ka(json!(-1)), Some(KeepAlive::Forever));
-        assert_eq!(ka(json!("5m")), Some(KeepAlive::Idle(Duration::from_secs(300))));
-        assert_eq!(ka(json!(0.25)), Some(KeepAlive::Idle(Duration::from_millis(250))));
+        assert_eq!(
+            ka(json!("5m")),
+            Some(KeepAlive::Idle(Duration::from_secs(300)))
+        );
+        assert_eq!(
+            ka(json!(0.25)),
+            Some(KeepAlive::Idle(Duration::from_millis(250)))
+        );
         // Beyond what a Duration holds: kept, as a negative value is.
         assert_eq!(ka(json!(1e300)), Some(KeepAlive::Forever));
         assert!(keep_alive(Some(&json!("soon"))).is_err());

@@ -1262,7 +1262,12 @@ fn keep_alive_frees_the_kv_caches_after_the_idle_time() {
     let held = idle_bytes();
     assert!(held > 0.0, "a finished generation's cache stays allocated");
     let (_, v) = s.post("/v1/chat/completions", &body);
-    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     // The same question through Ollama's route, which sets an idle time of one second.
     let (st, v) = s.post(
         "/api/chat",

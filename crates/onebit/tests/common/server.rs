@@ -24,7 +24,12 @@ impl Server {
     }
 
     /// [`Server::start`] with `env` set for the server process.
-    pub fn start_env(model: &Path, args: &[&str], env: &[(&str, &Path)], wait_ready: bool) -> Server {
+    pub fn start_env(
+        model: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+        wait_ready: bool,
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_onebit"))
             .arg("serve")
             .arg(model)
@@ -128,4 +133,3 @@ pub fn client() -> reqwest::blocking::Client {
         .build()
         .unwrap()
 }
-
