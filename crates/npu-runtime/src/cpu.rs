@@ -873,6 +873,16 @@ impl CpuTarget {
         self.state.cache.byte_len()
     }
 
+    /// Bytes the KV cache has allocated (a truncation keeps them for reuse).
+    pub fn kv_capacity_bytes(&self) -> usize {
+        self.state.cache.capacity_bytes()
+    }
+
+    /// Empties the KV cache (position 0) and gives its memory back.
+    pub fn release_kv(&mut self) {
+        self.state.cache.release();
+    }
+
     /// Threads in the model's team.
     pub fn threads(&self) -> usize {
         self.model.threads()

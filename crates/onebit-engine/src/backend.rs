@@ -214,6 +214,27 @@ impl<'a> Target<'a> {
         }
     }
 
+    /// Bytes the KV cache has allocated, where it grows with the positions (the CPU
+    /// backend); `None` where its buffers are fixed by a plan (the sim, the NPU).
+    pub fn kv_capacity_bytes(&self) -> Option<usize> {
+        match self {
+            Target::Cpu(t) => Some(t.kv_capacity_bytes()),
+            _ => None,
+        }
+    }
+
+    /// Empties the KV cache (position 0) and, on the CPU backend, gives its memory back
+    /// (a plan's fixed buffers stay).
+    pub fn release_kv(&mut self) {
+        match self {
+            Target::Cpu(t) => t.release_kv(),
+            // Truncating to 0 cannot fail on any backend.
+            _ => {
+                let _ = self.truncate(0);
+            }
+        }
+    }
+
     /// The stages' times of the passes since profiling began or since the last call
     /// (`None` when not profiling).
     pub fn take_profile(&mut self) -> Option<PassProfile> {

@@ -952,6 +952,18 @@ impl Session {
         let _ = self.target.truncate(0);
     }
 
+    /// [`Session::reset`], and the KV cache's memory given back (on the CPU backend; an
+    /// NPU plan's buffers are fixed): what an idle server frees while the weights stay.
+    pub fn release(&mut self) {
+        self.reset();
+        self.target.release_kv();
+    }
+
+    /// Bytes the KV cache has allocated (`None` on backends with fixed buffers).
+    pub fn kv_capacity_bytes(&self) -> Option<usize> {
+        self.target.kv_capacity_bytes()
+    }
+
     /// Cuts the KV cache, tap sink and history back to `len` positions.
     fn rewind(&mut self, len: usize) -> Result<()> {
         if self.target.position() > len {

@@ -115,6 +115,14 @@ impl Elems {
             Elems::Q8(v) => v.len(),
         }
     }
+    /// Bytes allocated (capacity, not length).
+    fn capacity_bytes(&self) -> usize {
+        match self {
+            Elems::F32(v) => 4 * v.capacity(),
+            Elems::Bf16(v) => 2 * v.capacity(),
+            Elems::Q8(v) => v.capacity(),
+        }
+    }
 }
 
 /// A read-only view of a store's elements.
@@ -439,6 +447,24 @@ impl KvLayer {
             .sum()
     }
 
+    /// Bytes allocated (keys, values and scales at their capacity: what the process
+    /// holds, which [`KvLayer::truncate`] keeps for reuse).
+    pub fn capacity_bytes(&self) -> usize {
+        self.heads
+            .iter()
+            .map(|s| {
+                s.keys.capacity_bytes()
+                    + s.values.capacity_bytes()
+                    + 4 * (s.key_scales.capacity() + s.value_scales.capacity())
+            })
+            .sum()
+    }
+
+    /// Empties the layer and gives its memory back (a fresh layer of the same shape).
+    pub fn release(&mut self) {
+        *self = KvLayer::new(self.kv_type, self.heads.len(), self.head_dim);
+    }
+
     /// Elements allocated for keys of head `h` (whole blocks), for tests.
     pub fn key_elements(&self, h: usize) -> usize {
         self.heads[h].keys.len()
@@ -487,5 +513,50 @@ impl KvCache {
     /// Bytes held by every layer.
     pub fn byte_len(&self) -> usize {
         self.layers.iter().map(KvLayer::byte_len).sum()
+    }
+    /// Bytes allocated by every layer (truncated positions included).
+    pub fn capacity_bytes(&self) -> usize {
+        self.layers.iter().map(KvLayer::capacity_bytes).sum()
+    }
+    /// Empties every layer and gives the memory back.
+    pub fn release(&mut self) {
+        self.layers.iter_mut().for_each(KvLayer::release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` rows of 2 heads × 8 values, distinct per position.
+    fn rows(first: usize, n: usize) -> Vec<f32> {
+        (0..n * 16)
+            .map(|i| (first * 16 + i) as f32 * 0.01)
+            .collect()
+    }
+
+    #[test]
+    fn release_gives_the_memory_back_and_truncate_keeps_it() {
+        for kv_type in [KvType::F32, KvType::Bf16, KvType::Q8] {
+            let mut cache = KvCache::new(kv_type, 2, 2, 8);
+            assert_eq!(cache.capacity_bytes(), 0, "{kv_type:?}: a new cache");
+            for l in 0..2 {
+                cache.layer_mut(l).append(&rows(0, 40), &rows(1, 40), 40);
+            }
+            let held = cache.capacity_bytes();
+            assert!(held >= cache.byte_len() && held > 0, "{kv_type:?}");
+            cache.truncate(0);
+            assert_eq!(cache.capacity_bytes(), held, "{kv_type:?}: truncate keeps");
+            cache.release();
+            assert_eq!((cache.len(), cache.capacity_bytes()), (0, 0), "{kv_type:?}");
+            // A released cache is a new one: the same positions give the same bytes.
+            let mut fresh = KvCache::new(kv_type, 2, 2, 8);
+            for c in [&mut cache, &mut fresh] {
+                for l in 0..2 {
+                    c.layer_mut(l).append(&rows(3, 5), &rows(4, 5), 5);
+                }
+            }
+            assert_eq!(cache, fresh, "{kv_type:?}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::encode::{self, merge, ndjson, ollama_line, openai_chunk, sse};
 use crate::error::{api_error, error_response, prompt_error, ApiError};
 use crate::request::{self, Job, Route};
 use crate::routes::ollama::load_call;
-use crate::sessions::{admit, forget_prompts, Ready};
+use crate::sessions::{admit, busy, release_idle, settle, Ready};
 use crate::{blocking, read_body, App};
 
 /// Sets the flag when dropped, unless disarmed: a handler or a response stream dropped
@@ -197,7 +197,9 @@ pub(crate) async fn run_job(
     let route = job.route;
     // Only a stream needs the pieces: a whole answer's handler is woken once, at the end.
     let stream = job.stream;
-    let unload = job.unload;
+    let keep_alive = job.keep_alive;
+    let unload = keep_alive == Some(request::KeepAlive::Unload);
+    busy(&app);
     let (logprobs, echo) = (job.logprobs.is_some(), job.echo);
     let worker = {
         let app = app.clone();
@@ -217,9 +219,14 @@ pub(crate) async fn run_job(
                 lps.clear();
                 Some(v)
             };
+            // When the first token came (for the time-to-first-token histogram).
+            let mut first_token: Option<f64> = None;
             let mut sink = |e: Event<'_>| {
                 let (text, lp) = match e {
-                    Event::Token { text, logprob, .. } => (text, logprob),
+                    Event::Token { text, logprob, .. } => {
+                        first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                        (text, logprob)
+                    }
                     Event::Text(text) => (text, None),
                 };
                 if let (true, Some(lp)) = (stream, lp) {
@@ -277,6 +284,9 @@ pub(crate) async fn run_job(
             match &result {
                 Ok(c) => {
                     app.metrics.generated(c);
+                    if let Some(seconds) = first_token {
+                        app.metrics.first_token(seconds);
+                    }
                     log_done(&app, route, c, start);
                 }
                 Err(e) => {
@@ -286,12 +296,13 @@ pub(crate) async fn run_job(
             // keep_alive 0: nothing of the request stays cached, in this session or
             // the idle ones.
             if unload {
-                session.reset();
-                forget_prompts(ready);
+                session.release();
+                release_idle(ready);
             }
             // The session goes back before the slot is released.
             ready.give_back(session);
             drop(permit);
+            settle(&app, keep_alive);
             let _ = tx.blocking_send(Msg::Done(Box::new(result)));
         })
     };

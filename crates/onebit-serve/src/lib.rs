@@ -166,6 +166,8 @@ struct App {
     /// `--api-key`: required of every route but /health.
     api_key: Option<String>,
     metrics: metrics::Metrics,
+    /// Ollama's `keep_alive` idle timeout.
+    idle: std::sync::Mutex<sessions::IdleTimer>,
     /// Requests being parsed, templated and tokenized at once: the queue's length plus
     /// the sessions, so that work waits here instead of filling tokio's blocking pool
     /// (which the generations share) with megabyte prompts.
@@ -239,6 +241,7 @@ pub fn start(options: ServeOptions) -> Result<Running> {
         created: encode::unix_now(),
         api_key: options.api_key.clone(),
         metrics: metrics::Metrics::default(),
+        idle: Default::default(),
         tokenizing: Arc::new(Semaphore::new(
             options.q_len.saturating_add(options.parallel).max(1),
         )),
@@ -427,6 +430,7 @@ async fn metrics_route(State(app): State<Arc<App>>) -> Response {
             ready: true,
             batch: r.engine.batch_stats(),
             batch_members: r.engine.batch_members(),
+            idle_kv_bytes: r.idle_kv_bytes(),
         },
         None => metrics::Gauges {
             queue_depth: 0,
@@ -435,6 +439,7 @@ async fn metrics_route(State(app): State<Arc<App>>) -> Response {
             ready: false,
             batch: None,
             batch_members: 0,
+            idle_kv_bytes: None,
         },
     };
     (

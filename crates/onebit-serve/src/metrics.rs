@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use onebit_engine::Completion;
 
 /// Counters kept while the server runs.
-#[derive(Default)]
 pub(crate) struct Metrics {
     /// Answers by route (the router's pattern, or `unmatched`) and status.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
@@ -17,6 +16,83 @@ pub(crate) struct Metrics {
     generated_tokens: AtomicU64,
     drafted_tokens: AtomicU64,
     accepted_tokens: AtomicU64,
+    /// From a request's arrival to its first token (parsing, queueing and prefill).
+    ttft: Histogram,
+    /// A request's decode time over its tokens after the first.
+    tpot: Histogram,
+}
+
+/// A Prometheus histogram: counts per bucket (not cumulative here; the exposition
+/// accumulates), the sum and the count of the observations.
+pub(crate) struct Histogram {
+    /// Upper bounds, increasing (`+Inf` is implied).
+    bounds: &'static [f64],
+    state: Mutex<HistogramState>,
+}
+
+#[derive(Default)]
+struct HistogramState {
+    /// One per bound, and the last for values above every bound.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    pub(crate) fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            state: Mutex::new(HistogramState {
+                counts: vec![0; bounds.len() + 1],
+                sum: 0.0,
+            }),
+        }
+    }
+
+    /// One observation (seconds). A bucket's bound is inclusive (`le`).
+    pub(crate) fn observe(&self, value: f64) {
+        let i = self.bounds.partition_point(|&b| b < value);
+        let mut st = self.state.lock().expect("metrics lock poisoned");
+        st.counts[i] += 1;
+        st.sum += value;
+    }
+
+    /// `name_bucket{le=..}` (cumulative, ending `+Inf`), `name_sum`, `name_count`.
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let st = self.state.lock().expect("metrics lock poisoned");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0u64;
+        for (bound, n) in self.bounds.iter().zip(&st.counts) {
+            cumulative += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += st.counts[self.bounds.len()];
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum {}", st.sum);
+        let _ = writeln!(out, "{name}_count {cumulative}");
+    }
+}
+
+/// Time to first token, seconds: 10 ms to a minute.
+const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Decode time per token, seconds: 1 ms (1000 tok/s) to 1 s.
+const TPOT_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            requests: Mutex::default(),
+            prompt_tokens: AtomicU64::default(),
+            cached_tokens: AtomicU64::default(),
+            generated_tokens: AtomicU64::default(),
+            drafted_tokens: AtomicU64::default(),
+            accepted_tokens: AtomicU64::default(),
+            ttft: Histogram::new(TTFT_BOUNDS),
+            tpot: Histogram::new(TPOT_BOUNDS),
+        }
+    }
 }
 
 /// What the exposition reads at the moment of a scrape, besides the counters.
@@ -33,6 +109,8 @@ pub(crate) struct Gauges {
     pub batch: Option<onebit_engine::BatchStats>,
     /// Sessions generating in the shared passes now.
     pub batch_members: usize,
+    /// Bytes the idle sessions' KV caches have allocated (`None`: fixed buffers).
+    pub idle_kv_bytes: Option<usize>,
 }
 
 impl Metrics {
@@ -52,6 +130,17 @@ impl Metrics {
         add(&self.generated_tokens, c.tokens.len());
         add(&self.drafted_tokens, c.stats.drafted);
         add(&self.accepted_tokens, c.stats.accepted);
+        // Decode time per token: over the tokens after the first (which the prefill's
+        // pass gives), so a request of one token has none.
+        if c.tokens.len() >= 2 {
+            self.tpot
+                .observe(c.timings.predicted_ms / 1e3 / (c.tokens.len() - 1) as f64);
+        }
+    }
+
+    /// A request's first token came `seconds` after it arrived.
+    pub fn first_token(&self, seconds: f64) {
+        self.ttft.observe(seconds);
     }
 
     /// The exposition.
@@ -103,6 +192,16 @@ impl Metrics {
                 counter.load(Ordering::Relaxed)
             );
         }
+        self.ttft.render(
+            &mut out,
+            "onebit_time_to_first_token_seconds",
+            "From a request's arrival to its first token (parsing, queueing, prefill).",
+        );
+        self.tpot.render(
+            &mut out,
+            "onebit_time_per_output_token_seconds",
+            "A request's decode time over its tokens after the first (one observation per request of 2 tokens or more).",
+        );
         let levels = [
             (
                 "onebit_queue_depth",
@@ -129,6 +228,13 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
+        if let Some(bytes) = gauges.idle_kv_bytes {
+            let name = "onebit_kv_cache_idle_bytes";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Bytes the idle sessions' KV caches hold allocated (freed by keep_alive).\n# TYPE {name} gauge\n{name} {bytes}"
             );
         }
         if let Some(batch) = gauges.batch {
@@ -197,6 +303,7 @@ mod tests {
                 widest: 2,
             }),
             batch_members: 1,
+            idle_kv_bytes: Some(4096),
         });
         for line in [
             "# TYPE onebit_requests_total counter",
@@ -211,9 +318,27 @@ mod tests {
             "onebit_shared_pass_rows_total 9",
             "onebit_shared_pass_members 1",
             "onebit_model_loaded 1",
+            "onebit_kv_cache_idle_bytes 4096",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
         }
         assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn histograms_are_cumulative_with_inclusive_bounds() {
+        let h = Histogram::new(&[0.25, 1.0]);
+        // Binary fractions: the sum is exact.
+        for v in [0.125, 0.25, 0.5, 1.0, 7.0] {
+            h.observe(v);
+        }
+        let mut text = String::new();
+        h.render(&mut text, "x_seconds", "Help.");
+        assert_eq!(
+            text,
+            "# HELP x_seconds Help.\n# TYPE x_seconds histogram\n\
+             x_seconds_bucket{le=\"0.25\"} 2\nx_seconds_bucket{le=\"1\"} 4\n\
+             x_seconds_bucket{le=\"+Inf\"} 5\nx_seconds_sum 8.875\nx_seconds_count 5\n"
+        );
     }
 }

@@ -200,7 +200,34 @@ pub(crate) enum OllamaCall {
 pub(crate) struct LoadCall {
     pub route: Route,
     pub model: Option<String>,
-    pub unload: bool,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+/// Ollama's `keep_alive`: how long the KV caches stay once the server is idle (the
+/// weights always stay: one model per server).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum KeepAlive {
+    /// 0: freed as soon as the request ends (Ollama's unload).
+    Unload,
+    /// Freed after the server has been idle this long.
+    Idle(std::time::Duration),
+    /// Negative (or too long to time): kept.
+    Forever,
+}
+
+/// The `keep_alive` field, when given.
+pub(crate) fn keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, ApiError> {
+    let seconds = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => keep_alive_seconds(v)?,
+    };
+    Ok(Some(if seconds == 0.0 {
+        KeepAlive::Unload
+    } else if seconds < 0.0 {
+        KeepAlive::Forever
+    } else {
+        std::time::Duration::try_from_secs_f64(seconds).map_or(KeepAlive::Forever, KeepAlive::Idle)
+    }))
 }
 
 /// `keep_alive` in seconds: a JSON number of seconds, or a string holding one or a Go
@@ -362,8 +389,9 @@ pub(crate) struct Job {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
-    /// Ollama's `keep_alive: 0`: the sessions forget their cached prompts afterwards.
-    pub unload: bool,
+    /// Ollama's `keep_alive`: 0 frees the sessions' KV caches afterwards; a duration
+    /// frees them after that long idle.
+    pub keep_alive: Option<KeepAlive>,
     /// `Some(n)`: report log-probabilities with `n` alternatives a token.
     pub logprobs: Option<usize>,
     /// `/v1/completions`' `echo`: the answer's text (and, with `logprobs`, its
@@ -722,7 +750,7 @@ impl Job {
             stream,
             include_usage: r.stream_options.is_some_and(|o| o.include_usage),
             ignore_eos: r.ignore_eos.unwrap_or(false),
-            unload: false,
+            keep_alive: None,
             logprobs,
             echo,
             num_ctx: None,
@@ -734,10 +762,7 @@ impl Job {
     /// prompt (or messages), Ollama's load or unload.
     pub fn ollama(r: OllamaRequest, chat: bool) -> Result<OllamaCall, ApiError> {
         let draft = draft_mode(r.speculative)?;
-        let unload = match &r.keep_alive {
-            None | Some(Value::Null) => false,
-            Some(v) => keep_alive_seconds(v)? == 0.0,
-        };
+        let keep_alive = keep_alive(r.keep_alive.as_ref())?;
         let empty = if chat {
             r.messages.as_ref().is_none_or(Vec::is_empty)
         } else {
@@ -752,7 +777,7 @@ impl Job {
                     Route::OllamaGenerate
                 },
                 model: r.model,
-                unload,
+                keep_alive,
             }));
         }
         refuse_set(
@@ -843,7 +868,7 @@ impl Job {
             stream: r.stream.unwrap_or(true),
             include_usage: true,
             ignore_eos: false,
-            unload,
+            keep_alive,
             logprobs,
             echo: false,
             num_ctx,
@@ -898,6 +923,28 @@ mod tests {
             let e = secs(bad.clone()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("keep_alive"), "{bad}");
         }
+    }
+
+    #[test]
+    fn keep_alive_zero_unloads_negative_keeps_positive_times() {
+        use std::time::Duration;
+        let ka = |v: Value| keep_alive(Some(&v)).unwrap();
+        assert_eq!(keep_alive(None).unwrap(), None);
+        assert_eq!(ka(Value::Null), None);
+        assert_eq!(ka(json!(0)), Some(KeepAlive::Unload));
+        assert_eq!(ka(json!("0s")), Some(KeepAlive::Unload));
+        assert_eq!(ka(json!(-1)), Some(KeepAlive::Forever));
+        assert_eq!(
+            ka(json!("5m")),
+            Some(KeepAlive::Idle(Duration::from_secs(300)))
+        );
+        assert_eq!(
+            ka(json!(0.25)),
+            Some(KeepAlive::Idle(Duration::from_millis(250)))
+        );
+        // Beyond what a Duration holds: kept, as a negative value is.
+        assert_eq!(ka(json!(1e300)), Some(KeepAlive::Forever));
+        assert!(keep_alive(Some(&json!("soon"))).is_err());
     }
 
     #[test]

@@ -4,11 +4,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use onebit_engine::{Engine, EngineError, Session};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
+use crate::request::KeepAlive;
 use crate::App;
 
 /// The loaded model and its sessions.
@@ -71,12 +73,72 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// Empties the KV caches of the idle sessions (Ollama's unload, `keep_alive: 0`).
-pub(crate) fn forget_prompts(ready: &Ready) {
+/// Empties the KV caches of the idle sessions and gives their memory back (Ollama's
+/// unload, `keep_alive: 0`, and the end of a `keep_alive` idle time); the weights stay.
+pub(crate) fn release_idle(ready: &Ready) {
     let mut pool = ready.sessions.lock().expect("session pool lock poisoned");
     for session in pool.iter_mut() {
-        session.reset();
+        session.release();
     }
+}
+
+impl Ready {
+    /// Bytes the idle sessions' KV caches have allocated (`None` on backends whose
+    /// buffers are fixed).
+    pub(crate) fn idle_kv_bytes(&self) -> Option<usize> {
+        let pool = self.sessions.lock().expect("session pool lock poisoned");
+        pool.iter().map(Session::kv_capacity_bytes).sum()
+    }
+}
+
+/// Ollama's `keep_alive` as an idle timeout: the last one a request gave, and a counter
+/// of requests begun and ended (a timer armed at one count is void at another).
+#[derive(Default)]
+pub(crate) struct IdleTimer {
+    after: Option<Duration>,
+    epoch: u64,
+}
+
+/// A generation begins: any armed timer is void.
+pub(crate) fn busy(app: &App) {
+    app.idle.lock().expect("idle lock poisoned").epoch += 1;
+}
+
+/// A request ended (a generation, or a load call) with `keep_alive` (when it gave one,
+/// it becomes the server's: a duration, or kept for ever). With a duration set and no
+/// session generating, the idle sessions' KV caches are freed after that long unless a
+/// generation begins first.
+pub(crate) fn settle(app: &Arc<App>, keep_alive: Option<KeepAlive>) {
+    let (after, epoch) = {
+        let mut idle = app.idle.lock().expect("idle lock poisoned");
+        match keep_alive {
+            Some(KeepAlive::Idle(d)) => idle.after = Some(d),
+            Some(KeepAlive::Forever) => idle.after = None,
+            // Unload frees at once (the caller); the setting stays as it was.
+            Some(KeepAlive::Unload) | None => {}
+        }
+        idle.epoch += 1;
+        (idle.after, idle.epoch)
+    };
+    let (Some(after), Ok(handle)) = (after, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    let app = app.clone();
+    handle.spawn(async move {
+        tokio::time::sleep(after).await;
+        let Ok(ready) = app.ready() else { return };
+        if app.idle.lock().expect("idle lock poisoned").epoch != epoch
+            || ready.permits.available_permits() != ready.parallel
+        {
+            // A request came since: its end arms the timer again.
+            return;
+        }
+        release_idle(ready);
+        app.log(&format!(
+            "onebit serve: idle for {:.3} s (keep_alive): the KV caches are freed, the weights stay",
+            after.as_secs_f64()
+        ));
+    });
 }
 
 /// A session slot: now, after waiting in the FIFO queue, or 503 when the queue is full.

@@ -1246,6 +1246,54 @@ fn ollama_preloads_and_unloads_without_generating() {
     );
 }
 
+/// Ollama's `keep_alive` as an idle timeout: the KV caches a generation leaves stay
+/// allocated (and reused) without one; a request with `keep_alive: "1s"` has them freed
+/// once the server has been idle that long (`onebit_kv_cache_idle_bytes` falls to 0, a
+/// log line says so, the prompt is no longer cached), while the weights stay: the model
+/// is still listed and answers the same text.
+#[test]
+fn keep_alive_frees_the_kv_caches_after_the_idle_time() {
+    let (_dir, pkg) = tiny();
+    let s = Server::start(&pkg, &[], true);
+    let idle_bytes = || scrape(&s)["onebit_kv_cache_idle_bytes"];
+    assert_eq!(idle_bytes(), 0.0, "new sessions allocate nothing");
+    let body = chat("The same question twice", 4);
+    let (_, first) = s.post("/v1/chat/completions", &body);
+    let held = idle_bytes();
+    assert!(held > 0.0, "a finished generation's cache stays allocated");
+    let (_, v) = s.post("/v1/chat/completions", &body);
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    // The same question through Ollama's route, which sets an idle time of one second.
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"stream": false, "keep_alive": "1s", "messages": [{"role": "user", "content": "The same question twice"}], "options": {"num_predict": 4, "temperature": 0}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let start = Instant::now();
+    while idle_bytes() != 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the KV caches still hold {} bytes: {:?}",
+            idle_bytes(),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.wait_log("(keep_alive): the KV caches are freed", 1);
+    assert_eq!(s.get("/api/ps").1["models"][0]["name"], "tiny-llama");
+    let (_, again) = s.post("/v1/chat/completions", &body);
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        again["choices"][0]["message"]["content"],
+        first["choices"][0]["message"]["content"]
+    );
+}
+
 /// Every route of the server, read from the `.route(` calls in lib.rs (so a route
 /// added there is knocked on here too), with `{...}` path parameters filled in.
 fn all_routes() -> Vec<(String, String)> {
@@ -1563,6 +1611,26 @@ fn metrics_count_requests_tokens_the_queue_and_sessions() {
                 .as_u64()
                 .unwrap()) as f64
     );
+    // The histograms: one time to first token per request that generated a token, one
+    // time per output token per request of two or more; cumulative buckets ending in
+    // +Inf = _count. Each token after the first took at least the 20 ms delay.
+    let tokens = [&a, &b].map(|v| v["usage"]["completion_tokens"].as_u64().unwrap());
+    let ttft = histogram(&m, "onebit_time_to_first_token_seconds");
+    assert_eq!(
+        ttft.count,
+        tokens.iter().filter(|&&n| n >= 1).count() as f64,
+        "{ttft:?}"
+    );
+    assert!(ttft.sum > 0.0, "{ttft:?}");
+    let tpot = histogram(&m, "onebit_time_per_output_token_seconds");
+    assert_eq!(
+        tpot.count,
+        tokens.iter().filter(|&&n| n >= 2).count() as f64,
+        "{tpot:?}"
+    );
+    assert!(tpot.count >= 1.0, "{tokens:?}");
+    assert!(tpot.sum >= 0.02 * tpot.count, "{tpot:?}");
+    assert_eq!(tpot.le(0.01), 0.0, "{tpot:?}");
     // One generating (20 ms a token for 100 tokens) and two waiting.
     let long =
         json!({"prompt": [1, 5, 9], "max_tokens": 100, "temperature": 0, "ignore_eos": true});
@@ -1590,6 +1658,52 @@ fn metrics_count_requests_tokens_the_queue_and_sessions() {
     assert_eq!(m["onebit_queue_depth"], 0.0);
     assert_eq!(m["onebit_sessions_active"], 0.0);
     assert_eq!(series_of(&m, "/v1/completions", 200), 4.0);
+}
+
+/// A histogram of a scrape: its cumulative buckets (bound, count; +Inf last), sum and count.
+#[derive(Debug)]
+struct Histogram {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Histogram {
+    /// The cumulative count of the bucket with bound `le`.
+    fn le(&self, le: f64) -> f64 {
+        self.buckets.iter().find(|b| b.0 == le).unwrap().1
+    }
+}
+
+/// Histogram `name` of a scrape, checked for the text format's rules: buckets
+/// cumulative (non-decreasing with the bound), the last `+Inf`, equal to `_count`.
+fn histogram(m: &std::collections::HashMap<String, f64>, name: &str) -> Histogram {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let mut buckets: Vec<(f64, f64)> = m
+        .iter()
+        .filter_map(|(k, &v)| {
+            let le = k.strip_prefix(&prefix)?.strip_suffix("\"}")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            Some((le, v))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(buckets.len() >= 2, "{name}: {buckets:?}");
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{name}: not cumulative: {buckets:?}"
+    );
+    let count = m[&format!("{name}_count")];
+    assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, count), "{name}");
+    Histogram {
+        buckets,
+        sum: m[&format!("{name}_sum")],
+        count,
+    }
 }
 
 fn series_of(m: &std::collections::HashMap<String, f64>, route: &str, status: u16) -> f64 {

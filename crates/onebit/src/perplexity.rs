@@ -46,6 +46,11 @@ pub struct PerplexityArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// With --json: also every scored token's log-probability (natural log, f64, in
+    /// order: `token_logprobs`) and the index of the first scored token of a window
+    /// (`first_scored`), to compare with a server's `echo` log-probabilities.
+    #[arg(long, requires = "json")]
+    pub token_logprobs: bool,
 }
 
 /// `log softmax(logits)[token]` and the whole log-distribution, in f64.
@@ -184,6 +189,10 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
             "perplexity": ppl(&nll),
             "seconds": start.elapsed().as_secs_f64(),
         });
+        if args.token_logprobs {
+            obj["first_scored"] = json!(first_scored);
+            obj["token_logprobs"] = json!(nll.iter().map(|x| -x).collect::<Vec<f64>>());
+        }
         if let Some(((precision, kv_type), perplexity, kld_mean, kld_p99, top1)) = compare {
             obj["compare"] = json!({
                 "precision": precision,

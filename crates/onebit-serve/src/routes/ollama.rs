@@ -13,8 +13,7 @@ use crate::encode;
 use crate::error::{error_response, ApiError};
 use crate::generate::generate_route;
 use crate::request::{self, Route};
-use crate::sessions::forget_prompts;
-use crate::sessions::Ready;
+use crate::sessions::{release_idle, settle, Ready};
 use crate::{read_body, App};
 
 /// Size, modification time and a digest-like tag of the package's weights.
@@ -124,15 +123,18 @@ pub(crate) async fn generate(
 }
 
 /// Ollama's load (nothing to do: the model is loaded at start and stays) or unload (the
-/// weights stay, as this server serves one model, but the idle sessions forget their
-/// cached prompts), answered as Ollama does, with one object.
-pub(crate) fn load_call(app: &App, call: request::LoadCall) -> Response {
-    if call.unload {
+/// weights stay, as this server serves one model, but the idle sessions' KV caches are
+/// freed), answered as Ollama does, with one object.
+pub(crate) fn load_call(app: &Arc<App>, call: request::LoadCall) -> Response {
+    let unload = call.keep_alive == Some(request::KeepAlive::Unload);
+    if unload {
         if let Ok(ready) = app.ready() {
-            forget_prompts(ready);
+            release_idle(ready);
         }
     }
-    let reason = if call.unload { "unload" } else { "load" };
+    // A preload's keep_alive (`{"model": m, "keep_alive": "5m"}`) sets the idle time.
+    settle(app, call.keep_alive);
+    let reason = if unload { "unload" } else { "load" };
     let mut v = json!({"model": app.name, "created_at": encode::now_rfc3339()});
     if call.route == Route::OllamaChat {
         v["message"] = json!({"role": "assistant", "content": ""});

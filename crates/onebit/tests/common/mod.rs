@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod server;
+
 /// A file or folder of `../shared/fixtures`.
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
