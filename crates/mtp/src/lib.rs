@@ -53,4 +53,4 @@ pub use run::{
     run, run_from, run_observed, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK,
 };
 pub use sample::{PenaltyState, Sampler, SamplingConfig, SamplingError};
-pub use stats::Stats;
+pub use stats::{DrafterStats, Stats};

@@ -220,6 +220,10 @@ impl DraftHead for LookupHead {
         self.error.clone()
     }
 
+    fn proposer(&self) -> &'static str {
+        "lookup"
+    }
+
     fn observe_tokens(&mut self, tokens: &[u32]) {
         for &t in tokens {
             self.push(t);

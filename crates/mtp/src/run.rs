@@ -372,6 +372,7 @@ fn generate(
         stats.pass_costs.record(batch.len(), secs);
         let s = Instant::now();
         let draft_probs = head.as_deref().and_then(|h| h.draft_probabilities());
+        let proposer = head.as_deref().map_or("draft", |h| h.proposer());
         let (accepted, following) = crate::verify::verify(
             &mut sampler,
             &logits,
@@ -384,7 +385,7 @@ fn generate(
         if let Some(h) = head.as_deref_mut() {
             h.commit_rows(accepted + 1);
         }
-        stats.record_round(drafts.len(), accepted);
+        stats.record_round(proposer, drafts.len(), accepted);
         if let Some(p) = policy.as_mut() {
             p.record_round(drafts.len(), accepted);
         }
