@@ -4,7 +4,6 @@ use std::io::{BufRead, IsTerminal, Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
