@@ -169,6 +169,15 @@ impl DraftHead for ChainedHead<'_, '_> {
         self.dflash.observe_tokens(tokens);
     }
 
+    fn next_proposer(&mut self, pos: usize, last_token: u32) -> &'static str {
+        let len = usize::from(self.lookup.would_propose(pos, last_token));
+        if self.prefer_lookup(len) {
+            self.lookup.proposer()
+        } else {
+            self.dflash.proposer()
+        }
+    }
+
     fn proposer(&self) -> &'static str {
         match self.proposer {
             Some(Proposer::DFlash) => self.dflash.proposer(),

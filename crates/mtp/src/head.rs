@@ -38,4 +38,10 @@ pub trait DraftHead {
     fn proposer(&self) -> &'static str {
         "draft"
     }
+    /// The drafter that would propose at `pos` after `last_token` (the arguments of
+    /// the next `draft`), asked before the round's k is chosen: the adaptive draft
+    /// length keeps its acceptance and draft cost per drafter. Changes no state.
+    fn next_proposer(&mut self, _pos: usize, _last_token: u32) -> &'static str {
+        self.proposer()
+    }
 }
