@@ -940,6 +940,27 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // The loop takes a chained round's lookup proposal whole, unverified: the chained
+    // text must then differ from plain text.
+    Mutant {
+        name: "chained-drafters-proposal-not-verified",
+        file: "crates/mtp/src/run.rs",
+        find: "        base.truncate(pos_next + 1 + accepted)?;",
+        replace: "        let accepted = if proposer == \"lookup\" { drafts.len() } else { accepted };\n        base.truncate(pos_next + 1 + accepted)?;",
+        tests: &["-p", "onebit", "--test", "speculative", "chained"],
+        also: None,
+        requires: &[],
+    },
+    // Every round counted as the first drafter's: the chain's per-drafter counters.
+    Mutant {
+        name: "drafter-counters-credit-the-wrong-drafter",
+        file: "crates/mtp/src/stats.rs",
+        find: "let at = match self.by_drafter.iter().position(|d| d.name == drafter) {",
+        replace: "let at = match self.by_drafter.iter().position(|_| true) {",
+        tests: &["-p", "mtp", "--lib", "stats"],
+        also: None,
+        requires: &[],
+    },
     Mutant {
         name: "chained-drafter-ignores-its-estimates",
         file: "crates/mtp/src/chain.rs",

@@ -43,6 +43,7 @@ pub const CHECKS: &[(&str, Check)] = &[
         "kernel-families-share-one-layout",
         kernel_families_share_one_layout,
     ),
+    ("binary-names-no-mtp", binary_names_no_mtp),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -344,6 +345,24 @@ pub fn kernel_families_share_one_layout(root: &Path) -> Result<Vec<Violation>> {
 
 /// The binary's source, whose top-level modules must not import each other in a cycle.
 pub const BINARY_SRC: &str = "crates/onebit/src";
+
+/// The binary's subcommands generate through `onebit-engine`'s `Engine` and `Session`
+/// only: no file of its `src/` names the `mtp` crate (`mtp::run`, `use mtp`). The
+/// decoding loop, its drafters and the oracle runs are the engine's to drive.
+pub fn binary_names_no_mtp(root: &Path) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    for file in rust_files(&root.join(BINARY_SRC))? {
+        let code = code_only(&read(&file)?);
+        for at in crate_name_sites(&code, "mtp") {
+            out.push(Violation {
+                file: rel(root, &file),
+                line: line_of(&code, at),
+                message: "the binary names `mtp`: generate through onebit-engine's Engine and Session (add what is missing to the engine)".into(),
+            });
+        }
+    }
+    Ok(out)
+}
 
 /// No cycle among the binary's top-level modules (`run`, `bench`, `serve`, ...) through
 /// `crate::module` paths: a module shared by two subcommands is a neutral one.
@@ -968,6 +987,26 @@ mod tests {
         ]);
         assert!(only(serve_depends_only_on_engine(t.path()).unwrap())
             .contains("does not depend on onebit-engine"));
+    }
+
+    #[test]
+    fn the_binary_naming_mtp_is_found() {
+        let clean = "//! Not `mtp::run` (a comment).\nuse onebit_engine::Engine;\nfn f(s: &Stats) -> usize { s.mtp + self.mtp::<u8>() }\n";
+        let t = tree(&[("crates/onebit/src/run.rs", clean)]);
+        assert!(binary_names_no_mtp(t.path()).unwrap().is_empty());
+        let t = tree(&[
+            ("crates/onebit/src/run.rs", clean),
+            (
+                "crates/onebit/src/bench.rs",
+                "use std::fmt;\n\nfn f() -> usize {\n    mtp::DEFAULT_MAX_NGRAM\n}\n",
+            ),
+        ]);
+        let v = only(binary_names_no_mtp(t.path()).unwrap());
+        assert!(v.starts_with("crates/onebit/src/bench.rs:4: "), "{v}");
+        assert!(v.contains("names `mtp`"), "{v}");
+        let t = tree(&[("crates/onebit/src/serve/mod.rs", "use mtp::Stats;\n")]);
+        assert!(only(binary_names_no_mtp(t.path()).unwrap())
+            .starts_with("crates/onebit/src/serve/mod.rs:1: "));
     }
 
     #[test]

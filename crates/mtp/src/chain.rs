@@ -42,8 +42,6 @@ pub struct ChainedHead<'w, 'a> {
     passed_over: usize,
     /// Who proposed the round in flight.
     proposer: Option<Proposer>,
-    /// Verified rounds each drafter proposed: lookup's, the DFlash draft's.
-    rounds: [usize; 2],
     error: Option<String>,
 }
 
@@ -57,14 +55,8 @@ impl<'w, 'a> ChainedHead<'w, 'a> {
             dflash_accepts: None,
             passed_over: 0,
             proposer: None,
-            rounds: [0, 0],
             error: None,
         }
-    }
-
-    /// Verified rounds proposed by lookup and by the DFlash draft.
-    pub fn rounds(&self) -> (usize, usize) {
-        (self.rounds[0], self.rounds[1])
     }
 
     /// Whether lookup's proposal of `len` tokens should be taken this round.
@@ -142,11 +134,9 @@ impl DraftHead for ChainedHead<'_, '_> {
         let accepted = m.saturating_sub(1);
         match self.proposer.take() {
             Some(Proposer::Lookup) => {
-                self.rounds[0] += 1;
                 fold(&mut self.lookup_accepts, accepted);
             }
             Some(Proposer::DFlash) => {
-                self.rounds[1] += 1;
                 fold(&mut self.dflash_accepts, accepted);
             }
             None => {}
@@ -179,8 +169,20 @@ impl DraftHead for ChainedHead<'_, '_> {
         self.dflash.observe_tokens(tokens);
     }
 
-    fn rounds_by_drafter(&self) -> Vec<(&'static str, usize)> {
-        vec![("lookup", self.rounds[0]), ("dflash", self.rounds[1])]
+    fn next_proposer(&mut self, pos: usize, last_token: u32) -> &'static str {
+        let len = usize::from(self.lookup.would_propose(pos, last_token));
+        if self.prefer_lookup(len) {
+            self.lookup.proposer()
+        } else {
+            self.dflash.proposer()
+        }
+    }
+
+    fn proposer(&self) -> &'static str {
+        match self.proposer {
+            Some(Proposer::DFlash) => self.dflash.proposer(),
+            _ => self.lookup.proposer(),
+        }
     }
 }
 

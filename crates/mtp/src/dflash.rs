@@ -131,4 +131,8 @@ impl DraftHead for DFlashHead<'_, '_> {
     fn error(&self) -> Option<String> {
         self.error.clone()
     }
+
+    fn proposer(&self) -> &'static str {
+        "dflash"
+    }
 }

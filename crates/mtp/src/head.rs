@@ -31,9 +31,17 @@ pub trait DraftHead {
     /// every emitted token (a draft at `pos` comes after `pos` such tokens). For
     /// drafters that read the text itself (prompt lookup).
     fn observe_tokens(&mut self, _tokens: &[u32]) {}
-    /// Verified rounds by the drafter that proposed them, for a head that chains
-    /// several (empty otherwise).
-    fn rounds_by_drafter(&self) -> Vec<(&'static str, usize)> {
-        Vec::new()
+    /// The name of the drafter whose proposal the last `draft` returned (`lookup`,
+    /// `dflash`, ...): the loop counts rounds, drafted and accepted tokens by it
+    /// ([`crate::Stats::by_drafter`]). A head that chains several drafters names the
+    /// one it took the round from.
+    fn proposer(&self) -> &'static str {
+        "draft"
+    }
+    /// The drafter that would propose at `pos` after `last_token` (the arguments of
+    /// the next `draft`), asked before the round's k is chosen: the adaptive draft
+    /// length keeps its acceptance and draft cost per drafter. Changes no state.
+    fn next_proposer(&mut self, _pos: usize, _last_token: u32) -> &'static str {
+        self.proposer()
     }
 }

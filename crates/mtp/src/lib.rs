@@ -22,7 +22,8 @@
 //! The draft length adapts by default ([`RunOptions::adaptive`]): before each round
 //! [`AdaptiveK`] picks the k (0 = a plain step) with the most expected tokens per
 //! second from the timed pass costs by row count, the draft's cost and the acceptance
-//! seen at each draft position.
+//! seen at each draft position — kept per drafter ([`DraftHead::next_proposer`]), so a
+//! chain's drafters are each measured by their own rounds ([`Stats::by_drafter`]).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -53,4 +54,4 @@ pub use run::{
     run, run_from, run_observed, RunError, RunOptions, RunOutput, StopReason, PREFILL_CHUNK,
 };
 pub use sample::{PenaltyState, Sampler, SamplingConfig, SamplingError};
-pub use stats::Stats;
+pub use stats::{DrafterStats, Stats};

@@ -187,6 +187,20 @@ impl LookupHead {
     }
 }
 
+impl LookupHead {
+    /// Whether a `draft(pos, last_token, _)` now would propose anything; no state
+    /// changes (the remembered proposal stays as it was).
+    pub(crate) fn would_propose(&mut self, pos: usize, last_token: u32) -> bool {
+        if pos != self.history.len() || self.history.last() != Some(&last_token) {
+            return false;
+        }
+        let saved = (self.matched, self.pending.clone(), self.cursor);
+        let some = !self.propose(1).is_empty();
+        (self.matched, self.pending, self.cursor) = saved;
+        some
+    }
+}
+
 impl DraftHead for LookupHead {
     fn needs_last_hidden(&self) -> bool {
         false
@@ -218,6 +232,10 @@ impl DraftHead for LookupHead {
 
     fn error(&self) -> Option<String> {
         self.error.clone()
+    }
+
+    fn proposer(&self) -> &'static str {
+        "lookup"
     }
 
     fn observe_tokens(&mut self, tokens: &[u32]) {

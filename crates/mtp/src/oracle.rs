@@ -80,6 +80,10 @@ impl DraftHead for OracleHead {
     fn error(&self) -> Option<String> {
         None
     }
+
+    fn proposer(&self) -> &'static str {
+        "oracle"
+    }
 }
 
 #[cfg(test)]

@@ -197,8 +197,9 @@ fn generate(
         .as_ref()
         .and_then(|a| a.calibration.clone())
         .unwrap_or_default();
-    let mut policy = options.adaptive.clone().map(AdaptiveK::new);
-    let mut draft_cost: Option<f64> = None;
+    // One policy and draft cost per drafter (a chained head's lookup and DFlash draft
+    // accept and cost differently): the entry of the drafter proposing next.
+    let mut policies: Vec<(&'static str, AdaptiveK, Option<f64>)> = Vec::new();
     let t0 = Instant::now();
     // Prefill of the fresh tokens, in chunks of bounded memory: only the last prompt
     // row's logits are used (the same bits for every chunk size).
@@ -257,10 +258,28 @@ fn generate(
             });
         }
         let two_pass = head.as_deref().is_some_and(|h| h.needs_last_hidden());
+        // The drafter this round's policy belongs to.
+        let pos_ahead = base.position() + 1 + usize::from(two_pass);
+        let drafter = head
+            .as_deref_mut()
+            .map(|h| h.next_proposer(pos_ahead, next));
+        let mut policy = match (&options.adaptive, drafter) {
+            (Some(config), Some(name)) => {
+                let at = match policies.iter().position(|p| p.0 == name) {
+                    Some(i) => i,
+                    None => {
+                        policies.push((name, AdaptiveK::new(config.clone()), None));
+                        policies.len() - 1
+                    }
+                };
+                Some(&mut policies[at])
+            }
+            _ => None,
+        };
         // How many drafts this round: `draft_max`, or the adaptive choice.
         let room = options.max_tokens - tokens.len();
         let choice = match policy.as_mut() {
-            Some(p) if head.is_some() => {
+            Some((_, p, draft_cost)) => {
                 let cap = options.draft_max.min(room).min(MAX_TRACKED_ROWS - 1);
                 p.choose(
                     &stats.pass_costs.table(cap + 1),
@@ -322,10 +341,12 @@ fn generate(
                 let d = h.draft(pos_next + 1, next, asked);
                 let secs = t.elapsed().as_secs_f64();
                 stats.draft_seconds += secs;
-                draft_cost = Some(match draft_cost {
-                    Some(c) => c + 0.2 * (secs - c),
-                    None => secs,
-                });
+                if let Some((_, _, draft_cost)) = policy.as_mut() {
+                    *draft_cost = Some(match *draft_cost {
+                        Some(c) => c + 0.2 * (secs - c),
+                        None => secs,
+                    });
+                }
                 match d {
                     Some(d) => d,
                     None => match h.error() {
@@ -348,7 +369,7 @@ fn generate(
             next_lp = scored(&l, next);
             stats.sampling_seconds += s.elapsed().as_secs_f64();
             stats.plain_steps += 1;
-            if let Some(p) = policy.as_mut() {
+            if let Some((_, p, _)) = policy.as_mut() {
                 match drafts.first() {
                     // A shadow probe: would the draft have been accepted?
                     Some(&d) if k == 0 => {
@@ -372,6 +393,7 @@ fn generate(
         stats.pass_costs.record(batch.len(), secs);
         let s = Instant::now();
         let draft_probs = head.as_deref().and_then(|h| h.draft_probabilities());
+        let proposer = head.as_deref().map_or("draft", |h| h.proposer());
         let (accepted, following) = crate::verify::verify(
             &mut sampler,
             &logits,
@@ -384,8 +406,8 @@ fn generate(
         if let Some(h) = head.as_deref_mut() {
             h.commit_rows(accepted + 1);
         }
-        stats.record_round(drafts.len(), accepted);
-        if let Some(p) = policy.as_mut() {
+        stats.record_round(proposer, drafts.len(), accepted);
+        if let Some((_, p, _)) = policy.as_mut() {
             p.record_round(drafts.len(), accepted);
         }
         for (i, &d) in drafts[..accepted].iter().enumerate() {

@@ -2,6 +2,35 @@
 
 use crate::adaptive::PassCosts;
 
+/// One drafter's share of a run's verify rounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrafterStats {
+    /// The drafter ([`crate::DraftHead::proposer`]: `lookup`, `dflash`, ...).
+    pub name: &'static str,
+    /// Verify rounds it proposed.
+    pub rounds: usize,
+    /// Draft tokens it proposed in them.
+    pub drafted: usize,
+    /// Of those, accepted.
+    pub accepted: usize,
+}
+
+impl DrafterStats {
+    /// Tokens per verify round of this drafter's (accepted drafts plus the target's
+    /// own token).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            return 0.0;
+        }
+        (self.accepted + self.rounds) as f64 / self.rounds as f64
+    }
+
+    /// Accepted share of its drafted tokens.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+}
+
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
@@ -13,6 +42,11 @@ pub struct Stats {
     pub drafted: usize,
     /// Draft tokens accepted in all rounds.
     pub accepted: usize,
+    /// Rounds, drafted and accepted tokens by the drafter that proposed them, in the
+    /// order each drafter first proposed (one entry for a single drafter; lookup and
+    /// the DFlash draft for a chained head). Their sums are `rounds`, `drafted`,
+    /// `accepted`.
+    pub by_drafter: Vec<DrafterStats>,
     /// Accepted drafts of each round, in order.
     pub accepted_per_round: Vec<usize>,
     /// `[i]`: rounds that drafted a token at draft position i, and how many were accepted.
@@ -38,7 +72,21 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn record_round(&mut self, drafted: usize, accepted: usize) {
+    pub(crate) fn record_round(&mut self, drafter: &'static str, drafted: usize, accepted: usize) {
+        let at = match self.by_drafter.iter().position(|d| d.name == drafter) {
+            Some(i) => i,
+            None => {
+                self.by_drafter.push(DrafterStats {
+                    name: drafter,
+                    ..DrafterStats::default()
+                });
+                self.by_drafter.len() - 1
+            }
+        };
+        let d = &mut self.by_drafter[at];
+        d.rounds += 1;
+        d.drafted += drafted;
+        d.accepted += accepted;
         self.rounds += 1;
         self.drafted += drafted;
         self.accepted += accepted;
@@ -72,6 +120,11 @@ impl Stats {
         }
     }
 
+    /// The counts of the drafter named `name`, if it proposed a round.
+    pub fn drafter(&self, name: &str) -> Option<&DrafterStats> {
+        self.by_drafter.iter().find(|d| d.name == name)
+    }
+
     /// Acceptance rate at each draft position.
     pub fn acceptance_by_position(&self) -> Vec<f64> {
         self.offered_at
@@ -79,6 +132,17 @@ impl Stats {
             .zip(&self.accepted_at)
             .map(|(&o, &a)| a as f64 / o.max(1) as f64)
             .collect()
+    }
+
+    /// Tokens per target pass after the prefill: every verify round and plain step
+    /// emits the target's own token, and a round its accepted drafts too. Plain decoding
+    /// makes 1; it does not depend on timing.
+    pub fn tokens_per_pass(&self) -> f64 {
+        let passes = self.rounds + self.plain_steps;
+        if passes == 0 {
+            return 0.0;
+        }
+        (self.accepted + passes) as f64 / passes as f64
     }
 
     /// Tokens per verify round (accepted drafts plus the target's own token).
@@ -98,17 +162,32 @@ mod tests {
     fn rounds_add_up_by_position() {
         let mut s = Stats::default();
         assert_eq!(s.tokens_per_round(), 0.0);
-        s.record_round(3, 3);
-        s.record_round(3, 1);
-        s.record_round(2, 0);
-        s.record_round(4, 2);
+        s.record_round("lookup", 3, 3);
+        s.record_round("dflash", 3, 1);
+        s.record_round("dflash", 2, 0);
+        s.record_round("lookup", 4, 2);
         assert_eq!((s.rounds, s.drafted, s.accepted), (4, 12, 6));
+        // By drafter, in the order each first proposed; the sums are the totals.
+        let names: Vec<_> = s.by_drafter.iter().map(|d| d.name).collect();
+        assert_eq!(names, ["lookup", "dflash"]);
+        let l = s.drafter("lookup").unwrap();
+        assert_eq!((l.rounds, l.drafted, l.accepted), (2, 7, 5));
+        let d = s.drafter("dflash").unwrap();
+        assert_eq!((d.rounds, d.drafted, d.accepted), (2, 5, 1));
+        assert_eq!(l.tokens_per_round(), 3.5);
+        assert_eq!(d.tokens_per_round(), 1.5);
+        assert_eq!(d.acceptance(), 0.2);
+        assert!(s.drafter("oracle").is_none());
         assert_eq!(s.accepted_per_round, vec![3, 1, 0, 2]);
         assert_eq!(s.offered_at, vec![4, 4, 3, 1]);
         assert_eq!(s.accepted_at, vec![3, 2, 1, 0]);
         assert_eq!(s.acceptance_by_position(), vec![0.75, 0.5, 1.0 / 3.0, 0.0]);
         // (6 accepted + 4 own tokens) / 4 rounds.
         assert_eq!(s.tokens_per_round(), 2.5);
+        // Two plain steps more: (6 + 6) / 6 passes.
+        assert_eq!(s.tokens_per_pass(), 2.5);
+        s.plain_steps = 2;
+        assert_eq!(s.tokens_per_pass(), 2.0);
     }
 
     #[test]

@@ -84,6 +84,32 @@ pub use mtp::DEFAULT_MAX_NGRAM;
 /// vocabulary for front ends, which need not name `mtp`).
 pub use mtp::{SamplingConfig, SamplingError, TokenLogprob, MAX_TOP_LOGPROBS};
 
+/// A run's speculative statistics, and one drafter's share of them.
+pub use mtp::{DrafterStats, Stats};
+
+/// Which drafts an [`Oracle`] gets right.
+pub use mtp::OracleRule;
+
+/// An oracle drafter for [`Session::generate_oracle`]: it knows the continuation (plain
+/// decoding's tokens after the prompt) and proposes it always right, every third wrong
+/// or never right ([`OracleRule`]) — the engine's round cost without a trained draft. A
+/// measuring device (`onebit run --oracle`, `onebit bench --oracle`), not a drafter a
+/// request can ask for.
+#[derive(Clone, Debug)]
+pub struct Oracle {
+    /// Which drafts are right.
+    pub rule: OracleRule,
+    /// The tokens plain decoding emitted after the prompt.
+    pub continuation: Vec<u32>,
+}
+
+/// A drafter a session method supplies instead of the engine's (the oracle), with its
+/// draft-length policy.
+struct Custom {
+    oracle: Oracle,
+    adaptive: Option<mtp::AdaptiveConfig>,
+}
+
 /// Prompt positions whose full logits one prompt-logprobs pass computes at most (rows ×
 /// vocabulary floats: 64 rows of a 152k vocabulary are 39 MB).
 const PROMPT_LOGPROBS_CHUNK: usize = 64;
@@ -878,13 +904,11 @@ pub struct Completion {
     pub stop: StopReason,
     /// Prefill and decode time.
     pub timings: Timings,
-    /// Rounds, drafts and acceptance (all zero for plain decoding).
+    /// Rounds, drafts and acceptance (all zero for plain decoding); by drafter in
+    /// `stats.by_drafter` (lookup and the DFlash draft when chained).
     pub stats: mtp::Stats,
     /// Whether a drafter ran.
     pub drafted: bool,
-    /// Verified rounds by drafter, when several were chained (`[("lookup", n),
-    /// ("dflash", m)]`); empty otherwise.
-    pub rounds_by_drafter: Vec<(&'static str, usize)>,
     /// With [`Request::logprobs`]: one per token of `tokens`, in order.
     pub logprobs: Vec<TokenLogprob>,
     /// With [`Request::prompt_logprobs`]: one per prompt token, in order; the first is
@@ -1015,13 +1039,66 @@ impl Session {
         sink: &mut dyn Sink,
         cancel: &CancelFlag,
     ) -> Result<Completion> {
+        self.generate_with(request, sink, cancel, None)
+    }
+
+    /// [`Session::generate`] with an [`Oracle`] as the drafter instead of the engine's
+    /// (the engine may have none). `request.draft` says how: [`DraftMode::Fixed`]`(k)`
+    /// drafts k tokens a round; [`DraftMode::Auto`] drafts up to the engine's
+    /// `draft_max` with adaptive k (the pass costs timed at load, or now when the engine
+    /// has none; fixed k when the engine was loaded with `fixed_k` or `draft_max` 0);
+    /// [`DraftMode::Off`] decodes plainly. The text is plain decoding's whatever the
+    /// rule: every proposal is verified.
+    pub fn generate_oracle(
+        &mut self,
+        request: &Request,
+        oracle: &Oracle,
+        sink: &mut dyn Sink,
+        cancel: &CancelFlag,
+    ) -> Result<Completion> {
+        let engine = self.engine.clone();
+        let draft_max = engine.config.draft_max;
+        let adaptive = match request.draft {
+            DraftMode::Auto if !engine.config.fixed_k && draft_max > 0 => match &engine.adaptive {
+                Some(a) => Some(a.clone()),
+                None => Some(mtp::AdaptiveConfig {
+                    calibration: Some(mtp::calibrate(
+                        &mut self.target,
+                        draft_max + 1,
+                        mtp::CALIBRATION_ROUNDS,
+                    )?),
+                    ..mtp::AdaptiveConfig::default()
+                }),
+            },
+            DraftMode::Auto | DraftMode::Off | DraftMode::Fixed(_) => None,
+            DraftMode::LookupOnly | DraftMode::DraftOnly => {
+                return Err(EngineError::Invalid(format!(
+                    "an oracle run drafts with the oracle: drafting mode {:?} does not apply",
+                    request.draft
+                )))
+            }
+        };
+        let custom = Custom {
+            oracle: oracle.clone(),
+            adaptive,
+        };
+        self.generate_with(request, sink, cancel, Some(custom))
+    }
+
+    fn generate_with(
+        &mut self,
+        request: &Request,
+        sink: &mut dyn Sink,
+        cancel: &CancelFlag,
+        custom: Option<Custom>,
+    ) -> Result<Completion> {
         request.sampling.check()?;
         if let Some(n) = request.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
             return Err(EngineError::Invalid(format!(
                 "logprobs: at most {MAX_TOP_LOGPROBS} alternatives a token, got {n}"
             )));
         }
-        if !request.draft.available(&self.engine.config.drafter) {
+        if custom.is_none() && !request.draft.available(&self.engine.config.drafter) {
             return Err(EngineError::Invalid(format!(
                 "drafting mode {:?} needs a drafter the engine was not loaded with ({})",
                 request.draft,
@@ -1033,7 +1110,7 @@ impl Session {
         // A member of the shared passes while it generates: finished, failed or
         // cancelled, it leaves when this drops, and the others stop waiting for it.
         let membership = self.engine.batcher.as_ref().map(|b| b.member());
-        let result = self.generate_ids(&ids, request, sink, cancel);
+        let result = self.generate_ids(&ids, request, sink, cancel, custom);
         drop(membership);
         if result.is_err() {
             self.reset();
@@ -1047,6 +1124,7 @@ impl Session {
         request: &Request,
         sink: &mut dyn Sink,
         cancel: &CancelFlag,
+        custom: Option<Custom>,
     ) -> Result<Completion> {
         let engine = self.engine.clone();
         let start = Instant::now();
@@ -1066,7 +1144,6 @@ impl Session {
             timings: Timings::default(),
             stats: mtp::Stats::default(),
             drafted: false,
-            rounds_by_drafter: Vec::new(),
             logprobs: Vec::new(),
             prompt_logprobs: Vec::new(),
         };
@@ -1095,7 +1172,7 @@ impl Session {
             return Ok(completion);
         }
 
-        let drafting = request.draft != DraftMode::Off && engine.drafting();
+        let drafting = request.draft != DraftMode::Off && (custom.is_some() || engine.drafting());
         let options = mtp::RunOptions {
             max_tokens: request.max_tokens,
             draft_max: match request.draft {
@@ -1108,10 +1185,12 @@ impl Session {
                 engine.package.config.eos_token_ids.clone()
             },
             sampling: request.sampling,
-            adaptive: if drafting && !matches!(request.draft, DraftMode::Fixed(_)) {
-                engine.adaptive.clone()
-            } else {
-                None
+            adaptive: match &custom {
+                Some(c) => c.adaptive.clone(),
+                None if drafting && !matches!(request.draft, DraftMode::Fixed(_)) => {
+                    engine.adaptive.clone()
+                }
+                None => None,
             },
         };
         // Which halves of the engine's drafter this request uses.
@@ -1121,6 +1200,16 @@ impl Session {
             _ => (true, true),
         };
         let mut head: Option<Box<dyn mtp::DraftHead>> = match (&engine.config.drafter, drafting) {
+            (_, true) if custom.is_some() => {
+                let oracle = &custom.as_ref().expect("matched Some").oracle;
+                let mut stream = ids.to_vec();
+                stream.extend_from_slice(&oracle.continuation);
+                Some(Box::new(mtp::OracleHead::new(
+                    stream,
+                    engine.package.config.vocab_size,
+                    oracle.rule,
+                )))
+            }
             (DrafterConfig::Lookup { ngram }, true) => Some(Box::new(mtp::LookupHead::new(*ngram))),
             (DrafterConfig::Chained { ngram, .. }, true) if !use_draft => {
                 Some(Box::new(mtp::LookupHead::new(*ngram)))
@@ -1252,10 +1341,6 @@ impl Session {
         completion.text = out_text;
         completion.stop = stop;
         completion.stats = out.stats;
-        completion.rounds_by_drafter = head
-            .as_ref()
-            .map(|h| h.rounds_by_drafter())
-            .unwrap_or_default();
         Ok(completion)
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use onebit_engine::{
     CancelFlag, Detokenizer, DraftMode, DrafterConfig, Engine, EngineConfig, EngineError, Event,
-    NullSink, Prompt, Request, StopReason, Text,
+    NullSink, Oracle, OracleRule, Prompt, Request, StopReason, Text,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -166,7 +166,86 @@ fn lookup_drafting_keeps_the_text_and_reports_its_drafts() {
             .unwrap();
         assert!(spec.drafted);
         assert_eq!(spec.tokens, plain.tokens, "{mode:?}");
+        // Lookup drafted every round, and its counters are the run's.
+        let s = &spec.stats;
+        assert!(s.rounds > 0, "{mode:?}: {s:?}");
+        let by: Vec<_> = s
+            .by_drafter
+            .iter()
+            .map(|d| (d.name, d.rounds, d.drafted, d.accepted))
+            .collect();
+        assert_eq!(
+            by,
+            [("lookup", s.rounds, s.drafted, s.accepted)],
+            "{mode:?}"
+        );
+        assert!(plain.stats.by_drafter.is_empty());
     }
+}
+
+/// An oracle drafter (`Session::generate_oracle`, what `run --oracle` and `bench
+/// --oracle` measure with) on an engine without a drafter: the text is plain decoding's
+/// under every rule; always right accepts every draft, never right none; the counters
+/// name the oracle; adaptive k calibrates on the spot.
+#[test]
+fn oracle_runs_keep_the_text_and_accept_by_their_rule() {
+    let mut c = config("tiny-qwen3");
+    c.draft_max = 4;
+    let engine = Engine::load(&c).unwrap();
+    assert!(!engine.drafting());
+    let mut session = engine.session().unwrap();
+    let mut plain_req = greedy(&PROMPT, 24);
+    plain_req.draft = DraftMode::Off;
+    let plain = session
+        .generate(&plain_req, &mut NullSink, &CancelFlag::new())
+        .unwrap();
+    for (rule, mode) in [
+        (OracleRule::Always, DraftMode::Fixed(4)),
+        (OracleRule::EveryThirdWrong, DraftMode::Fixed(3)),
+        (OracleRule::Never, DraftMode::Fixed(4)),
+        (OracleRule::EveryThirdWrong, DraftMode::Auto),
+    ] {
+        let oracle = Oracle {
+            rule,
+            continuation: plain.tokens.clone(),
+        };
+        let mut req = greedy(&PROMPT, 24);
+        req.draft = mode;
+        session.reset();
+        let spec = session
+            .generate_oracle(&req, &oracle, &mut NullSink, &CancelFlag::new())
+            .unwrap();
+        assert_eq!(spec.tokens, plain.tokens, "{rule:?} {mode:?}");
+        let s = &spec.stats;
+        assert!(spec.drafted);
+        let by: Vec<_> = s.by_drafter.iter().map(|d| (d.name, d.rounds)).collect();
+        if s.rounds > 0 {
+            assert_eq!(by, [("oracle", s.rounds)], "{rule:?} {mode:?}");
+        }
+        match (rule, mode) {
+            (OracleRule::Always, _) => {
+                assert!(s.rounds > 0);
+                assert_eq!(s.accepted, s.drafted, "{s:?}");
+            }
+            (OracleRule::Never, _) => {
+                assert!(s.rounds > 0);
+                assert_eq!(s.accepted, 0, "{s:?}");
+            }
+            (_, DraftMode::Fixed(_)) => assert!(0 < s.accepted && s.accepted < s.drafted, "{s:?}"),
+            _ => {}
+        }
+    }
+    // A drafting mode that names one of the engine's drafters does not apply.
+    let mut req = greedy(&PROMPT, 4);
+    req.draft = DraftMode::LookupOnly;
+    let oracle = Oracle {
+        rule: OracleRule::Always,
+        continuation: plain.tokens.clone(),
+    };
+    let e = session
+        .generate_oracle(&req, &oracle, &mut NullSink, &CancelFlag::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("LookupOnly"), "{e}");
 }
 
 /// Log-probabilities: a generated token's values (from the pass that picked it: the

@@ -210,17 +210,26 @@ pub(crate) fn timings(c: &Completion) -> Value {
     if c.drafted {
         t["draft_n"] = json!(c.stats.drafted);
         t["draft_n_accepted"] = json!(c.stats.accepted);
-        // Verified rounds by drafter, when several were chained.
-        if !c.rounds_by_drafter.is_empty() {
-            let rounds: serde_json::Map<String, Value> = c
-                .rounds_by_drafter
-                .iter()
-                .map(|&(name, n)| (name.to_string(), json!(n)))
-                .collect();
-            t["draft_rounds"] = Value::Object(rounds);
-        }
+        t["drafters"] = drafters(c);
     }
     t
+}
+
+/// The drafting counters by drafter (onebit's extension next to `draft_n`): `{"lookup":
+/// {"rounds": .., "draft_n": .., "draft_n_accepted": ..}, "dflash": {..}}`, one entry
+/// for a single drafter, two when lookup and a DFlash draft are chained.
+fn drafters(c: &Completion) -> Value {
+    c.stats
+        .by_drafter
+        .iter()
+        .map(|d| {
+            (
+                d.name.to_string(),
+                json!({"rounds": d.rounds, "draft_n": d.drafted, "draft_n_accepted": d.accepted}),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Ollama's closing statistics (durations in nanoseconds).
@@ -239,6 +248,7 @@ pub(crate) fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
     if c.drafted {
         v["draft_n"] = json!(c.stats.drafted);
         v["draft_n_accepted"] = json!(c.stats.accepted);
+        v["drafters"] = drafters(c);
     }
     v
 }
@@ -246,6 +256,63 @@ pub(crate) fn ollama_stats(c: &Completion, load_seconds: f64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chained run's counters by drafter, in `timings` and Ollama's closing object.
+    #[test]
+    fn drafters_are_reported_by_name() {
+        let mut stats = onebit_engine::Stats {
+            rounds: 3,
+            drafted: 9,
+            accepted: 5,
+            ..onebit_engine::Stats::default()
+        };
+        stats.by_drafter = vec![
+            onebit_engine::DrafterStats {
+                name: "lookup",
+                rounds: 2,
+                drafted: 6,
+                accepted: 4,
+            },
+            onebit_engine::DrafterStats {
+                name: "dflash",
+                rounds: 1,
+                drafted: 3,
+                accepted: 1,
+            },
+        ];
+        let c = Completion {
+            prompt_tokens: 4,
+            cached_tokens: 0,
+            tokens: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            text: String::new(),
+            stop: StopReason::Length,
+            timings: onebit_engine::Timings::default(),
+            stats,
+            drafted: true,
+            logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
+        };
+        let want = json!({
+            "lookup": {"rounds": 2, "draft_n": 6, "draft_n_accepted": 4},
+            "dflash": {"rounds": 1, "draft_n": 3, "draft_n_accepted": 1},
+        });
+        let t = timings(&c);
+        assert_eq!(t["drafters"], want, "{t}");
+        assert_eq!(
+            (t["draft_n"].as_u64(), t["draft_n_accepted"].as_u64()),
+            (Some(9), Some(5))
+        );
+        let o = ollama_stats(&c, 0.0);
+        assert_eq!(o["drafters"], want, "{o}");
+        // Plain decoding: no drafting counters at all.
+        let plain = Completion {
+            drafted: false,
+            stats: onebit_engine::Stats::default(),
+            ..c
+        };
+        assert!(timings(&plain).get("drafters").is_none());
+        assert!(ollama_stats(&plain, 0.0).get("drafters").is_none());
+    }
 
     #[test]
     fn rfc3339_matches_known_dates() {

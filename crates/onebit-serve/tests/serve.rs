@@ -795,6 +795,9 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
         t["draft_n_accepted"].as_u64().unwrap() <= t["draft_n"].as_u64().unwrap(),
         "{t}"
     );
+    // The counters by drafter: lookup drafted everything.
+    assert!(a["timings"].get("drafters").is_none(), "{a}");
+    assert_drafted_by_lookup(t);
     lookup.wait_log("drafts ", 1);
     // Ollama's final object carries the same counters, whole and streamed.
     let body = json!({"model": "tiny-llama", "prompt": "one two three ".repeat(12), "raw": true, "stream": false,
@@ -809,6 +812,8 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
         b["draft_n_accepted"].as_u64().unwrap() <= b["draft_n"].as_u64().unwrap(),
         "{b}"
     );
+    assert!(a.get("drafters").is_none(), "{a}");
+    assert_drafted_by_lookup(&b);
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let (_, _, text) = lookup.post_raw("/api/generate", &streamed);
@@ -820,6 +825,18 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
         last["draft_n_accepted"].as_u64().unwrap() <= last["draft_n"].as_u64().unwrap(),
         "{last}"
     );
+    assert_drafted_by_lookup(&last);
+}
+
+/// `v`'s `drafters` holds lookup alone, with the totals `draft_n` and `draft_n_accepted`
+/// and at least one round.
+fn assert_drafted_by_lookup(v: &Value) {
+    let by = v["drafters"].as_object().unwrap();
+    assert_eq!(by.keys().collect::<Vec<_>>(), ["lookup"], "{v}");
+    let l = &by["lookup"];
+    assert_eq!(l["draft_n"], v["draft_n"], "{v}");
+    assert_eq!(l["draft_n_accepted"], v["draft_n_accepted"], "{v}");
+    assert!(l["rounds"].as_u64().unwrap() > 0, "{v}");
 }
 
 /// Ollama's `options.num_ctx` is the request's context within the server's `--ctx-len`:

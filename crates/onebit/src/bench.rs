@@ -7,7 +7,8 @@ use anyhow::Result;
 use clap::Args;
 use npu_runtime::Forward;
 use onebit_engine::{
-    CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, PassProfile, Prompt, Request, Stage,
+    stats_json, stats_line, CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, Oracle,
+    OracleRule, PassProfile, Prompt, Request, Stage, Stats, DEFAULT_MAX_NGRAM, PREFILL_CHUNK,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -64,11 +65,13 @@ pub struct BenchArgs {
     pub tokens: usize,
     /// Prompt lookup (no model): plain decoding, then lookup with adaptive k (and with
     /// fixed k = --draft-max), on the same prompt; speed-up and statistics of each.
-    /// With --draft: lookup chained with the draft.
+    /// With --draft: lookup chained with the draft, against each drafter alone on the
+    /// same prompt (adaptive k; with --fixed-k, k = --draft-max), then the chain at
+    /// fixed k = --draft-max.
     #[arg(long, conflicts_with = "oracle")]
     pub lookup: bool,
     /// With --lookup: the longest suffix n-gram matched.
-    #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
+    #[arg(long, default_value_t = DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
     pub lookup_ngram: usize,
     /// With --lookup: only fixed k = --draft-max; with --draft: only the fixed-k sweep
     /// (no adaptive run).
@@ -153,7 +156,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for _ in 0..if args.context.is_some() { 1 } else { 2 } {
         target.truncate(0)?;
         let start = Instant::now();
-        target.prefill(&prompt, mtp::PREFILL_CHUNK, &never)?;
+        target.prefill(&prompt, PREFILL_CHUNK, &never)?;
         prefill = prefill.min(start.elapsed().as_secs_f64());
     }
 
@@ -446,16 +449,25 @@ fn drafter_name(args: &BenchArgs) -> String {
 enum Config {
     /// Through the engine, with this drafting mode.
     Engine(DraftMode),
-    /// An oracle drafter run by the loop directly (it is a measuring device).
-    Oracle(mtp::OracleRule),
+    /// An oracle drafter (a measuring device, [`onebit_engine::Session::generate_oracle`]).
+    Oracle(OracleRule),
+}
+
+/// One measured configuration: its k rule, and the drafter (`lookup+dflash`, `lookup`,
+/// `dflash`, `oracle`).
+struct Setup {
+    label: String,
+    drafter: &'static str,
+    config: Config,
 }
 
 /// The fastest of a configuration's repetitions.
 struct Measured {
     label: String,
+    drafter: &'static str,
     secs: f64,
     tokens: Vec<u32>,
-    stats: mtp::Stats,
+    stats: Stats,
 }
 
 /// A greedy request for the speculative benchmarks.
@@ -497,96 +509,105 @@ fn speculative(args: &BenchArgs) -> Result<()> {
         None => (tokens(32, vocab, 1), false),
     };
     // What is measured: plain decoding, then each speculative configuration.
-    let mut configs: Vec<(String, Config)> = Vec::new();
-    let mut calibration = 0.0;
+    let mut configs: Vec<Setup> = Vec::new();
+    let mut add = |label: String, drafter: &'static str, config: Config| {
+        configs.push(Setup {
+            label,
+            drafter,
+            config,
+        })
+    };
+    let calibration = engine.calibration_seconds();
+    let adaptive_k = format!("adaptive k <= {}", args.draft_max);
+    let fixed = format!("k = {}", args.draft_max);
+    let (auto, auto_label) = if args.fixed_k {
+        (DraftMode::Fixed(args.draft_max), fixed.clone())
+    } else {
+        (DraftMode::Auto, adaptive_k.clone())
+    };
     if let Some(rule) = &args.oracle {
-        let rule = mtp::OracleRule::parse(rule).expect("clap checked the value");
-        configs.push((format!("k = {}", args.draft_max), Config::Oracle(rule)));
+        let rule = OracleRule::parse(rule).expect("clap checked the value");
+        add(fixed, "oracle", Config::Oracle(rule));
+    } else if args.lookup && args.draft.is_some() {
+        // The chain, then each of its drafters alone at the same k rule (with --fixed-k
+        // the engine drafts k = --draft-max whoever drafts), then the chain at fixed k.
+        add(auto_label.clone(), "lookup+dflash", Config::Engine(auto));
+        add(
+            auto_label.clone(),
+            "lookup",
+            Config::Engine(DraftMode::LookupOnly),
+        );
+        add(auto_label, "dflash", Config::Engine(DraftMode::DraftOnly));
+        if !args.fixed_k {
+            add(
+                fixed,
+                "lookup+dflash",
+                Config::Engine(DraftMode::Fixed(args.draft_max)),
+            );
+        }
     } else if args.lookup {
         if !args.fixed_k {
-            calibration = engine.calibration_seconds();
-            configs.push((
-                format!("adaptive k <= {}", args.draft_max),
-                Config::Engine(DraftMode::Auto),
-            ));
+            add(adaptive_k, "lookup", Config::Engine(DraftMode::Auto));
         }
-        configs.push((
-            format!("k = {}", args.draft_max),
+        add(
+            fixed,
+            "lookup",
             Config::Engine(DraftMode::Fixed(args.draft_max)),
-        ));
+        );
     } else if let Some(block) = engine.draft_config().map(|c| c.block_size) {
         // Adaptive k first (unless --fixed-k), then the fixed-k sweep.
         if !args.fixed_k {
-            calibration = engine.calibration_seconds();
-            configs.push((
-                format!("adaptive k <= {}", args.draft_max),
-                Config::Engine(DraftMode::Auto),
-            ));
+            add(adaptive_k, "dflash", Config::Engine(DraftMode::Auto));
         }
         for k in 1..block {
-            configs.push((format!("k = {k}"), Config::Engine(DraftMode::Fixed(k))));
+            add(
+                format!("k = {k}"),
+                "dflash",
+                Config::Engine(DraftMode::Fixed(k)),
+            );
         }
     }
     let mut session = engine.session()?;
-    let mut generate = |draft: DraftMode| -> Result<Completion> {
+    let mut generate = |draft: DraftMode, oracle: Option<&Oracle>| -> Result<Completion> {
         session.reset();
-        Ok(session.generate(
-            &greedy(&prompt, args.tokens, stop, draft),
-            &mut NullSink,
-            &CancelFlag::new(),
-        )?)
+        let request = greedy(&prompt, args.tokens, stop, draft);
+        Ok(match oracle {
+            Some(o) => session.generate_oracle(&request, o, &mut NullSink, &CancelFlag::new())?,
+            None => session.generate(&request, &mut NullSink, &CancelFlag::new())?,
+        })
     };
     // The plain continuation, which the oracle knows.
-    let plain = generate(DraftMode::Off)?;
+    let plain = generate(DraftMode::Off, None)?;
     let mut plain_secs = seconds(&plain);
     // Repetitions interleave plain and speculative runs, and each keeps its fastest:
     // a busy machine only ever adds time, and it adds it to both.
     let mut results: Vec<Measured> = Vec::new();
     for rep in 0..args.repeat.max(1) {
         if rep > 0 {
-            let again = generate(DraftMode::Off)?;
+            let again = generate(DraftMode::Off, None)?;
             if again.tokens != plain.tokens {
                 anyhow::bail!("bench: plain decoding gave another text on repetition {rep}");
             }
             plain_secs = plain_secs.min(seconds(&again));
         }
-        for (i, (label, config)) in configs.iter().enumerate() {
-            let (secs, tokens, stats) = match config {
-                Config::Engine(mode) => {
-                    let out = generate(*mode)?;
-                    (seconds(&out), out.tokens, out.stats)
-                }
+        for (i, setup) in configs.iter().enumerate() {
+            let out = match setup.config {
+                Config::Engine(mode) => generate(mode, None)?,
                 Config::Oracle(rule) => {
-                    let mut stream = prompt.clone();
-                    stream.extend(&plain.tokens);
-                    let mut head = mtp::OracleHead::new(stream, vocab, *rule);
-                    let mut session = engine.session()?;
-                    let options = mtp::RunOptions {
-                        max_tokens: args.tokens,
-                        draft_max: args.draft_max,
-                        stop_tokens: if stop {
-                            engine.package().config.eos_token_ids.clone()
-                        } else {
-                            Vec::new()
-                        },
-                        sampling: mtp::SamplingConfig {
-                            temperature: 0.0,
-                            top_p: 1.0,
-                            seed: 0,
-                            ..mtp::SamplingConfig::default()
-                        },
-                        adaptive: None,
+                    let oracle = Oracle {
+                        rule,
+                        continuation: plain.tokens.clone(),
                     };
-                    let (out, timing) =
-                        crate::run::run_timed(session.target(), &mut head, &prompt, &options)?;
-                    (timing.decode, out.tokens, out.stats)
+                    generate(DraftMode::Fixed(args.draft_max), Some(&oracle))?
                 }
             };
+            let label = &setup.label;
             let run = Measured {
                 label: label.clone(),
-                secs,
-                tokens,
-                stats,
+                drafter: setup.drafter,
+                secs: seconds(&out),
+                tokens: out.tokens,
+                stats: out.stats,
             };
             match results.get_mut(i) {
                 None => results.push(run),
@@ -607,15 +628,18 @@ fn speculative(args: &BenchArgs) -> Result<()> {
         .map(|m| {
             let tps = decode_rate(m.tokens.len(), m.secs);
             json!({
+                "drafter": m.drafter,
                 "k": m.label.strip_prefix("k = ").and_then(|v| v.parse::<usize>().ok()),
                 "k_rule": m.label,
                 "tokens_per_second": tps,
                 "speedup_vs_plain": tps / plain_tps,
+                "tokens_per_pass": m.stats.tokens_per_pass(),
                 "text_equals_plain": m.tokens == plain.tokens,
-                "stats": onebit_engine::stats_json(&m.stats),
+                "stats": stats_json(&m.stats),
             })
         })
         .collect();
+    let chain = chain_summary(&results);
     if args.json {
         println!(
             "{}",
@@ -629,6 +653,7 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                 "repeat": args.repeat,
                 "plain_tokens_per_second": plain_tps,
                 "speculative": rows,
+                "chain_vs_alone": chain.as_ref().map(|c| c.json(plain.tokens.len())),
             })
         );
     } else {
@@ -636,6 +661,14 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             Some(r) => {
                 format!("an oracle drafter ({r}; it knows the target's greedy continuation)")
             }
+            None if args.lookup && args.draft.is_some() => format!(
+                "prompt lookup (n-grams up to {}) chained with the DFlash draft {}, against each alone (pass costs calibrated in {calibration:.2} s)",
+                args.lookup_ngram,
+                args.draft
+                    .as_ref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default()
+            ),
             None if args.lookup => format!(
                 "prompt lookup (n-grams up to {}; pass costs calibrated in {calibration:.2} s)",
                 args.lookup_ngram
@@ -658,16 +691,18 @@ fn speculative(args: &BenchArgs) -> Result<()> {
             "plain: {plain_tps:.1} tok/s (each figure the fastest of {} interleaved runs)",
             args.repeat
         );
-        println!("                 k  tok/s  speed-up  accepted/drafted  tokens/round  draft share  text equal");
+        println!("      drafter                 k  tok/s  speed-up  accepted/drafted  tokens/round  tokens/pass  draft share  text equal");
         for m in &results {
             let (tps, s) = (decode_rate(m.tokens.len(), m.secs), &m.stats);
             println!(
-                "{:>18} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>11.1}%  {}",
+                "{:>13} {:>17} {tps:>6.1} {:>8.2}x {:>8}/{:<8} {:>12.2} {:>12.2} {:>11.1}%  {}",
+                m.drafter,
                 m.label,
                 tps / plain_tps,
                 s.accepted,
                 s.drafted,
                 s.tokens_per_round(),
+                s.tokens_per_pass(),
                 100.0 * s.draft_share(),
                 if m.tokens == plain.tokens {
                     "yes"
@@ -675,11 +710,88 @@ fn speculative(args: &BenchArgs) -> Result<()> {
                     "NO"
                 }
             );
-            println!("{:>18} {}", "", onebit_engine::stats_line(s));
+            println!("{:>31} {}", "", stats_line(s));
+        }
+        if let Some(c) = &chain {
+            println!("{}", c.line());
         }
     }
     if results.iter().any(|m| m.tokens != plain.tokens) {
         anyhow::bail!("bench: speculative text differs from plain text");
     }
     Ok(())
+}
+
+/// The chain against each of its drafters alone at the same k rule (the first three
+/// configurations of `--lookup --draft`).
+struct ChainSummary {
+    chain: (f64, f64),
+    lookup: (f64, f64),
+    dflash: (f64, f64),
+}
+
+/// Tokens per pass and decode tokens/s of a measured configuration.
+fn figures(m: &Measured) -> (f64, f64) {
+    (
+        m.stats.tokens_per_pass(),
+        decode_rate(m.tokens.len(), m.secs),
+    )
+}
+
+/// The chain summary, when `results` hold the chain and both drafters alone.
+fn chain_summary(results: &[Measured]) -> Option<ChainSummary> {
+    match results {
+        [c, l, d, ..]
+            if c.drafter == "lookup+dflash" && l.drafter == "lookup" && d.drafter == "dflash" =>
+        {
+            Some(ChainSummary {
+                chain: figures(c),
+                lookup: figures(l),
+                dflash: figures(d),
+            })
+        }
+        _ => None,
+    }
+}
+
+impl ChainSummary {
+    /// The better drafter alone by tokens per pass (which timing does not move), and its
+    /// figures.
+    fn better_alone(&self) -> (&'static str, (f64, f64)) {
+        if self.lookup.0 >= self.dflash.0 {
+            ("lookup", self.lookup)
+        } else {
+            ("dflash", self.dflash)
+        }
+    }
+
+    fn json(&self, tokens: usize) -> serde_json::Value {
+        let (name, best) = self.better_alone();
+        let each =
+            |(tpp, tps): (f64, f64)| json!({"tokens_per_pass": tpp, "tokens_per_second": tps});
+        json!({
+            "tokens": tokens,
+            "chain": each(self.chain),
+            "lookup": each(self.lookup),
+            "dflash": each(self.dflash),
+            "better_alone": name,
+            "chain_vs_better_alone_tokens_per_pass": self.chain.0 / best.0.max(1e-9),
+            "chain_vs_better_alone_tokens_per_second": self.chain.1 / best.1.max(1e-9),
+        })
+    }
+
+    fn line(&self) -> String {
+        let (name, best) = self.better_alone();
+        format!(
+            "chain vs each alone: tokens/pass {:.2} (lookup {:.2}, dflash {:.2}), tok/s {:.1} (lookup {:.1}, dflash {:.1}); against the better alone ({name}): {:.3}x tokens/pass, {:.3}x tok/s",
+            self.chain.0,
+            self.lookup.0,
+            self.dflash.0,
+            self.chain.1,
+            self.lookup.1,
+            self.dflash.1,
+            self.chain.0 / best.0.max(1e-9),
+            self.chain.1 / best.1.max(1e-9),
+        )
+    }
 }

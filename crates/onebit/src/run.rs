@@ -4,7 +4,6 @@ use std::io::{BufRead, IsTerminal, Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -12,12 +11,12 @@ use npu_runtime::kernels::Isa;
 use npu_runtime::{HeadKind, KvType, Precision};
 use onebit_engine::{
     stats_json, stats_line, Backend, CancelFlag, Completion, DraftMode, DrafterConfig, Engine,
-    EngineConfig, Event, Message, Prompt, Request,
+    EngineConfig, Event, Message, Oracle, OracleRule, Prompt, Request, SamplingConfig, Stats,
+    DEFAULT_MAX_NGRAM,
 };
 use serde_json::json;
 
 use crate::backend::BackendArg;
-use mtp::SamplingConfig;
 
 /// How to open and run a target package; shared by `run` and `bench`.
 #[derive(Args, Clone)]
@@ -198,7 +197,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "oracle")]
     pub lookup: bool,
     /// With --lookup: the longest suffix n-gram matched (down to 1).
-    #[arg(long, default_value_t = mtp::DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
+    #[arg(long, default_value_t = DEFAULT_MAX_NGRAM, requires = "lookup", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=32))]
     pub lookup_ngram: usize,
     /// Draft --draft-max tokens every round instead of choosing k (0..=--draft-max)
     /// each round from the timed pass costs and the acceptance so far.
@@ -445,7 +444,7 @@ fn show(engine: &Engine, ids: &[u32]) -> String {
 /// drafted with.
 struct SideBySide {
     plain: (Vec<u32>, Timing),
-    spec: (Vec<u32>, Timing, mtp::Stats),
+    spec: (Vec<u32>, Timing, Stats),
     prompt: Vec<u32>,
 }
 
@@ -483,9 +482,9 @@ impl Timing {
     }
 }
 
-/// `--oracle RULE`: plain decoding through the engine, then an oracle drafter that
-/// knows that continuation, run by the loop directly on a fresh session's target (an
-/// oracle is a measuring device, not a drafter a request can ask for).
+/// `--oracle RULE`: plain decoding, then an oracle drafter that knows that
+/// continuation ([`Session::generate_oracle`]; an oracle is a measuring device, not a
+/// drafter a request can ask for).
 fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> Result<SideBySide> {
     let prompt = engine.tokenize(&prompt(args, engine)?)?;
     let max = max_tokens(args, ctx, prompt.len())?;
@@ -495,66 +494,23 @@ fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> 
         &mut onebit_engine::NullSink,
         &CancelFlag::new(),
     )?;
-    let mut stream = prompt.clone();
-    stream.extend(&plain.tokens);
-    let mut head = mtp::OracleHead::new(
-        stream,
-        engine.package().config.vocab_size,
-        mtp::OracleRule::parse(rule).expect("clap checked"),
-    );
+    let oracle = Oracle {
+        rule: OracleRule::parse(rule).expect("clap checked"),
+        continuation: plain.tokens.clone(),
+    };
+    // A fresh session: the oracle run prefills as the plain one did.
     let mut session = engine.session()?;
-    let target = session.target();
-    let adaptive = if args.fixed_k || args.draft_max == 0 {
-        None
-    } else {
-        Some(mtp::AdaptiveConfig {
-            calibration: Some(mtp::calibrate(
-                target,
-                args.draft_max + 1,
-                mtp::CALIBRATION_ROUNDS,
-            )?),
-            ..mtp::AdaptiveConfig::default()
-        })
-    };
-    let options = mtp::RunOptions {
-        max_tokens: max,
-        draft_max: args.draft_max,
-        stop_tokens: if args.ignore_eos {
-            Vec::new()
-        } else {
-            engine.package().config.eos_token_ids.clone()
-        },
-        sampling: sampling_config(args),
-        adaptive,
-    };
-    let (spec, spec_timing) = run_timed(target, &mut head, &prompt, &options)?;
+    let spec = session.generate_oracle(
+        &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Auto, max),
+        &oracle,
+        &mut onebit_engine::NullSink,
+        &CancelFlag::new(),
+    )?;
     Ok(SideBySide {
         plain: (plain.tokens.clone(), Timing::of(&plain)),
-        spec: (spec.tokens, spec_timing, spec.stats),
+        spec: (spec.tokens.clone(), Timing::of(&spec), spec.stats),
         prompt,
     })
-}
-
-/// `mtp::run` with `head`, timed as the engine times a completion: decode from the first
-/// token (which the prefill gives) to the last, and the whole run.
-pub(crate) fn run_timed(
-    target: &mut dyn npu_runtime::Forward,
-    head: &mut dyn mtp::DraftHead,
-    prompt: &[u32],
-    options: &mtp::RunOptions,
-) -> Result<(mtp::RunOutput, Timing)> {
-    let start = Instant::now();
-    let mut first = None;
-    let out = mtp::run(target, Some(head), prompt, options, &mut |_| {
-        first.get_or_insert_with(Instant::now);
-        true
-    })?;
-    let end = Instant::now();
-    let timing = Timing {
-        decode: (end - first.unwrap_or(end)).as_secs_f64(),
-        total: (end - start).as_secs_f64(),
-    };
-    Ok((out, timing))
 }
 
 /// `--oracle RULE` (`rule`) or `--lookup --compare` (`None`): plain and speculative
@@ -764,14 +720,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
             s["adaptive"] = json!(engine.adaptive());
             s["draft_max"] = json!(args.draft_max);
             s["calibration_seconds"] = json!(calibration_seconds);
-            if !out.rounds_by_drafter.is_empty() {
-                s["rounds_by_drafter"] = out
-                    .rounds_by_drafter
-                    .iter()
-                    .map(|(name, n)| (name.to_string(), json!(n)))
-                    .collect::<serde_json::Map<_, _>>()
-                    .into();
-            }
             // Plain decoding's rate in this run: one 1-row pass a token (its timed
             // cost; `--compare` measures a whole plain decode instead).
             if let Some(one) = out.stats.pass_costs.cost(1) {

@@ -200,12 +200,62 @@ fn chained_lookup_and_draft_give_plain_text() {
         assert_eq!(chained["tokens"], plain["tokens"], "{precision}");
         let s = &chained["speculative"];
         assert_eq!(s["drafter"], "lookup+dflash");
-        let by = &s["rounds_by_drafter"];
-        let (lookup, dflash) = (
-            by["lookup"].as_u64().unwrap(),
-            by["dflash"].as_u64().unwrap(),
-        );
-        assert!(lookup > 0 && dflash > 0, "{precision}: {by}");
-        assert_eq!(lookup + dflash, s["rounds"].as_u64().unwrap(), "{s}");
+        // Rounds, drafted and accepted tokens by drafter: both drafted, and each
+        // counter sums to the run's total.
+        let by = &s["drafters"];
+        assert_eq!(by.as_object().unwrap().len(), 2, "{by}");
+        for total in ["rounds", "drafted", "accepted"] {
+            let (lookup, dflash) = (
+                by["lookup"][total].as_u64().unwrap(),
+                by["dflash"][total].as_u64().unwrap(),
+            );
+            if total != "accepted" {
+                assert!(lookup > 0 && dflash > 0, "{precision}: {total}: {by}");
+            }
+            assert_eq!(lookup + dflash, s[total].as_u64().unwrap(), "{total}: {s}");
+        }
     }
+}
+
+/// `bench --lookup --draft DIR` measures the chain against each drafter alone on the
+/// same prompt: every text equals plain, each row names its drafter, and the summary
+/// carries the tokens per pass of all three (the chain's drafters' counters in its row).
+#[test]
+fn bench_compares_the_chain_with_each_drafter_alone() {
+    let (_dir, target, draft) = reference_pair();
+    let out = onebit()
+        .args([
+            "bench", "--lookup", "--json", "--repeat", "1", "--tokens", "48",
+        ])
+        .args(["--precision", "f32", "--model"])
+        .arg(&target)
+        .arg("--draft")
+        .arg(&draft)
+        .output()
+        .unwrap();
+    let v = json_of(out);
+    let rows = v["speculative"].as_array().unwrap();
+    let drafters: Vec<&str> = rows
+        .iter()
+        .map(|r| r["drafter"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        drafters,
+        ["lookup+dflash", "lookup", "dflash", "lookup+dflash"],
+        "{v}"
+    );
+    assert!(rows.iter().all(|r| r["text_equals_plain"] == true), "{v}");
+    // Each drafter alone reports only itself.
+    for (row, name) in [(&rows[1], "lookup"), (&rows[2], "dflash")] {
+        let by = row["stats"]["drafters"].as_object().unwrap();
+        assert!(by.keys().all(|k| k == name), "{name}: {row}");
+    }
+    let c = &v["chain_vs_alone"];
+    for who in ["chain", "lookup", "dflash"] {
+        let tpp = c[who]["tokens_per_pass"].as_f64().unwrap();
+        assert!(tpp >= 1.0, "{who}: {c}");
+    }
+    assert_eq!(c["chain"]["tokens_per_pass"], rows[0]["tokens_per_pass"]);
+    assert_eq!(c["lookup"]["tokens_per_pass"], rows[1]["tokens_per_pass"]);
+    assert_eq!(c["dflash"]["tokens_per_pass"], rows[2]["tokens_per_pass"]);
 }
