@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::{client, Server};
+use common::Server;
+use test_support::http::client;
 
 /// tiny-llama converted (model, config, a tokenizer that encodes) into a temp dir.
 fn tiny() -> (tempfile::TempDir, PathBuf) {
@@ -781,7 +782,7 @@ print("ok", whole)
 fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
     let (_dir, pkg) = tiny();
     let plain = Server::start(&pkg, &[], true);
-    let lookup = Server::start(&pkg, &["--lookup"], true);
+    let lookup = Server::start(&pkg, &["--lookup", "--fixed-k"], true);
     let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
     let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": true});
     let (_, a) = plain.post("/v1/completions", &body);
@@ -819,7 +820,6 @@ fn a_drafting_server_reports_drafts_and_answers_as_a_plain_one() {
     let (_, _, text) = lookup.post_raw("/api/generate", &streamed);
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(last["done"], true, "{last}");
-    // (Not equal to the whole answer's: adaptive k has learnt from that request.)
     assert!(last["draft_n"].as_u64().unwrap() > 0, "{last}");
     assert!(
         last["draft_n_accepted"].as_u64().unwrap() <= last["draft_n"].as_u64().unwrap(),
@@ -2119,7 +2119,7 @@ fn shared_passes_answer_as_alone() {
 fn every_drafting_mode_answers_with_the_plain_text() {
     let (_dir, pkg) = tiny();
     let plain = Server::start(&pkg, &[], true);
-    let lookup = Server::start(&pkg, &["--lookup"], true);
+    let lookup = Server::start(&pkg, &["--lookup", "--fixed-k"], true);
     let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 8][i % 4]).collect();
     for sampling in [
         json!({"temperature": 0}),

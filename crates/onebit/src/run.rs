@@ -483,7 +483,7 @@ impl Timing {
 }
 
 /// `--oracle RULE`: plain decoding, then an oracle drafter that knows that
-/// continuation ([`Session::generate_oracle`]; an oracle is a measuring device, not a
+/// continuation ([`onebit_engine::Session::generate_oracle`]; an oracle is a measuring device, not a
 /// drafter a request can ask for).
 fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> Result<SideBySide> {
     let prompt = engine.tokenize(&prompt(args, engine)?)?;

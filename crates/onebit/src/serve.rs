@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// Drafts verified per round at most (k).
     #[arg(long, default_value_t = 7)]
     pub draft_max: usize,
+    /// Draft k = --draft-max every round instead of adapting k to the measured
+    /// acceptance and pass costs (no calibration at load). The text is the same.
+    #[arg(long)]
+    pub fixed_k: bool,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -122,6 +126,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         onebit_engine::DEFAULT_MAX_NGRAM,
     );
     engine.draft_max = args.draft_max;
+    engine.fixed_k = args.fixed_k;
     engine.share_passes = args.parallel > 1 && !args.no_shared_passes;
     engine.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
     // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`

@@ -7,8 +7,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::server::{client, Server};
+use common::server::Server;
 use serde_json::{json, Value};
+use test_support::http::client;
 
 /// tiny-llama converted (model, config, a tokenizer that encodes) into a temp dir.
 fn tiny() -> (tempfile::TempDir, PathBuf) {
@@ -143,8 +144,9 @@ fn echo_logprobs_equal_perplexity_and_speculation_changes_none() {
     assert_eq!(one_values.len(), ctx + 1);
     assert_eq!(&one_values[..ctx], &values[..]);
     // Speculation changes no value: a lookup server on the same requests, and on a
-    // generation long enough to accept drafts (a repetitive prompt).
-    let lookup = Server::start(&pkg, &["--lookup"], true);
+    // generation long enough to accept drafts (a repetitive prompt; fixed k, so that
+    // drafting does not hang on pass costs timed on a busy machine).
+    let lookup = Server::start(&pkg, &["--lookup", "--fixed-k"], true);
     let (_, spec) = lookup.post("/v1/completions", &request(1));
     assert_eq!(
         spec["choices"][0]["logprobs"],

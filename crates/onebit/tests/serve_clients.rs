@@ -76,7 +76,7 @@ fn the_openai_and_ollama_python_clients_work_against_smollm2() {
         .unwrap();
     let reference = common::json_of(out);
     let s = Server::start(&pkg, &["--api-key", KEY, "--alias", "smollm2"], true);
-    let r = common::server::client()
+    let r = test_support::http::client()
         .post(s.url("/tokenize"))
         .bearer_auth(KEY)
         .json(&json!({"content": text, "add_special": false}))

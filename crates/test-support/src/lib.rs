@@ -1,4 +1,5 @@
-//! Shared helpers for onebit's tests.
+//! Shared helpers for onebit's tests: visible skips, and [`http`], a server under test
+//! seen over HTTP.
 //!
 //! A test whose resource is missing (a fetched model, an NPU, a CPU feature) returns
 //! early and passes; without `--nocapture` that looks exactly like a pass. [`skip!`]
@@ -9,6 +10,8 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod http;
 
 use std::io::Write;
 use std::path::PathBuf;

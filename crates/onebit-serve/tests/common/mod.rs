@@ -4,11 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use onebit_engine::{DrafterConfig, EngineConfig};
 use onebit_serve::{DebugDelays, Log, Running, ServeOptions};
 use serde_json::Value;
+use test_support::http::HttpServer;
 
 /// A file or folder of `../shared/fixtures`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -38,11 +39,10 @@ pub fn tiny_llama_package() -> (tempfile::TempDir, PathBuf) {
     (dir, pkg)
 }
 
-/// A running server; stopped on drop.
+/// A running server, seen over HTTP through [`HttpServer`]; stopped on drop.
 pub struct Server {
+    http: HttpServer,
     running: Running,
-    pub base: String,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 /// `onebit serve`'s flags the tests use, as options (the `onebit` binary's own parsing
@@ -75,6 +75,9 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
             "--lookup" => lookup = true,
             "--draft" => draft = Some(PathBuf::from(value())),
             "--no-shared-passes" => shared = false,
+            // k = --draft-max every round: a test counting drafts must not depend on
+            // adaptive k's pass costs, timed at load on a machine busy with other tests.
+            "--fixed-k" => o.engine.fixed_k = true,
             "--debug-token-delay-ms" => debug.token = ms(value()),
             "--debug-load-delay-ms" => debug.load = ms(value()),
             "--debug-tokenize-delay-ms" => debug.tokenize = ms(value()),
@@ -107,82 +110,20 @@ impl Server {
         };
         let running = onebit_serve::start(options(model, args, sink)).unwrap();
         let server = Server {
-            base: format!("http://{}", running.addr()),
+            http: HttpServer::new(format!("http://{}", running.addr()), log),
             running,
-            log,
         };
         if wait_ready {
-            let start = Instant::now();
-            loop {
-                if let Ok(r) = client().get(server.url("/health")).send() {
-                    if r.status() == 200 {
-                        break;
-                    }
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "not ready: {:?}",
-                    server.log()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            server.wait_ready();
         }
         server
     }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits (up to 10 s) until `count` log lines contain `needle`.
-    pub fn wait_log(&self, needle: &str, count: usize) {
-        let start = Instant::now();
-        while self.log().iter().filter(|l| l.contains(needle)).count() < count {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{count} x {needle:?} not in {:?}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = client().post(self.url(path)).json(body).send().unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
-        )
-    }
-
-    pub fn get(&self, path: &str) -> (u16, Value) {
-        let r = client().get(self.url(path)).send().unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().unwrap())
-    }
-
-    /// The raw body of a POST (for streams), with its content type.
-    pub fn post_raw(&self, path: &str, body: &Value) -> (u16, String, String) {
-        let r = client().post(self.url(path)).json(body).send().unwrap();
-        let status = r.status().as_u16();
-        let ct = r
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        (status, ct, r.text().unwrap())
-    }
 }
 
-pub fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+impl std::ops::Deref for Server {
+    type Target = HttpServer;
+
+    fn deref(&self) -> &HttpServer {
+        &self.http
+    }
 }

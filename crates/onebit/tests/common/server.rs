@@ -5,15 +5,14 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
+use test_support::http::HttpServer;
 
-/// A running server; killed on drop.
+/// A running server, seen over HTTP through [`HttpServer`]; killed on drop.
 pub struct Server {
     child: Child,
-    pub base: String,
-    log: Arc<Mutex<Vec<String>>>,
+    http: HttpServer,
 }
 
 impl Server {
@@ -60,63 +59,20 @@ impl Server {
             .unwrap_or_else(|_| panic!("no listening line: {:?}", log.lock().unwrap()));
         let server = Server {
             child,
-            base: format!("http://{addr}"),
-            log,
+            http: HttpServer::new(format!("http://{addr}"), log),
         };
         if wait_ready {
-            let start = Instant::now();
-            loop {
-                if let Ok(r) = client().get(server.url("/health")).send() {
-                    if r.status() == 200 {
-                        break;
-                    }
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "not ready: {:?}",
-                    server.log()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            server.wait_ready();
         }
         server
     }
+}
 
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
+impl std::ops::Deref for Server {
+    type Target = HttpServer;
 
-    pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits (up to 10 s) until `count` log lines contain `needle`.
-    pub fn wait_log(&self, needle: &str, count: usize) {
-        let start = Instant::now();
-        while self.log().iter().filter(|l| l.contains(needle)).count() < count {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{count} x {needle:?} not in {:?}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = client().post(self.url(path)).json(body).send().unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
-        )
-    }
-
-    pub fn get(&self, path: &str) -> (u16, Value) {
-        let r = client().get(self.url(path)).send().unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().unwrap())
+    fn deref(&self) -> &HttpServer {
+        &self.http
     }
 }
 
@@ -125,11 +81,4 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
 }
