@@ -33,19 +33,6 @@ pub fn peer_dir() -> Result<PathBuf> {
     Ok(peer)
 }
 
-fn python() -> Result<String> {
-    for candidate in ["python3", "python"] {
-        if Command::new(candidate)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Ok(candidate.to_string());
-        }
-    }
-    bail!("llama.cpp: no python3 on PATH (pip downloads llama-cpp-python, and cmake when missing)")
-}
-
 /// Runs `cmd` with its output appended to `log`; on failure prints the log's last lines
 /// and names the step, the command and the log.
 pub fn logged(step: &str, cmd: &mut Command, log: &Path) -> Result<()> {
@@ -96,7 +83,10 @@ fn ensure_sdist(peer: &Path) -> Result<PathBuf> {
     if llama.join("tools/llama-bench/llama-bench.cpp").exists() {
         return Ok(llama);
     }
-    let py = python()?;
+    let py = crate::python(
+        "llama.cpp",
+        "pip downloads llama-cpp-python, and cmake when missing",
+    )?;
     let downloads = peer.join("downloads");
     std::fs::create_dir_all(&downloads)?;
     let tarball = downloads.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
@@ -186,7 +176,12 @@ fn build_tools(peer: &Path) -> Result<(PathBuf, PathBuf)> {
         step!("  python -m venv {}", venv.display());
         logged(
             "create the build-tools venv",
-            Command::new(python()?).args(["-m", "venv"]).arg(&venv),
+            Command::new(crate::python(
+                "llama.cpp",
+                "pip downloads llama-cpp-python, and cmake when missing",
+            )?)
+            .args(["-m", "venv"])
+            .arg(&venv),
             &log,
         )?;
     }

@@ -125,3 +125,18 @@ where
     cmd.args(args).current_dir(workspace_root());
     cmd
 }
+
+/// The Python interpreter on PATH (`python3`, else `python`); without one, an error
+/// naming the `step` and `why` it needs Python.
+pub fn python(step: &str, why: &str) -> Result<String> {
+    for candidate in ["python3", "python"] {
+        if std::process::Command::new(candidate)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Ok(candidate.to_string());
+        }
+    }
+    bail!("{step}: no python3 on PATH ({why})")
+}

