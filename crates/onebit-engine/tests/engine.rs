@@ -166,19 +166,24 @@ fn lookup_drafting_keeps_the_text_and_reports_its_drafts() {
             .unwrap();
         assert!(spec.drafted);
         assert_eq!(spec.tokens, plain.tokens, "{mode:?}");
-        // Lookup drafted every round, and its counters are the run's.
+        // Lookup drafted every round, and its counters are the run's. Fixed k drafts
+        // for certain; adaptive k may choose plain steps throughout when the pass costs
+        // it timed make extra rows dear (a busy machine), and then no drafter is named.
         let s = &spec.stats;
-        assert!(s.rounds > 0, "{mode:?}: {s:?}");
+        if matches!(mode, DraftMode::Fixed(_)) {
+            assert!(s.rounds > 0, "{mode:?}: {s:?}");
+        }
         let by: Vec<_> = s
             .by_drafter
             .iter()
             .map(|d| (d.name, d.rounds, d.drafted, d.accepted))
             .collect();
-        assert_eq!(
-            by,
-            [("lookup", s.rounds, s.drafted, s.accepted)],
-            "{mode:?}"
-        );
+        let expected: &[_] = if s.rounds > 0 {
+            &[("lookup", s.rounds, s.drafted, s.accepted)]
+        } else {
+            &[]
+        };
+        assert_eq!(by, expected, "{mode:?}");
         assert!(plain.stats.by_drafter.is_empty());
     }
 }
@@ -310,7 +315,11 @@ fn logprobs_equal_the_prompts_and_drafting_changes_none() {
         let spec = session
             .generate(&req, &mut NullSink, &CancelFlag::new())
             .unwrap();
-        assert!(spec.stats.accepted > 0, "{mode:?}: {:?}", spec.stats);
+        // Fixed k drafts (and lookup is right here) for certain; adaptive k may take
+        // plain steps throughout when its timed pass costs say extra rows are dear.
+        if matches!(mode, DraftMode::Fixed(_)) {
+            assert!(spec.stats.accepted > 0, "{mode:?}: {:?}", spec.stats);
+        }
         assert_eq!(spec.logprobs, plain.logprobs, "{mode:?}");
     }
     let mut too_many = plain_req.clone();
