@@ -877,10 +877,20 @@ pub const MUTANTS: &[Mutant] = &[
     // The default context: half of the available memory for a full-context KV cache.
     Mutant {
         name: "default-context-takes-all-available-memory",
-        file: "crates/onebit/src/context.rs",
+        file: "crates/onebit-engine/src/context.rs",
         find: "pub const KV_SHARE_DIVISOR: u128 = 2;",
         replace: "pub const KV_SHARE_DIVISOR: u128 = 1;",
-        tests: &["-p", "onebit", "--bin", "onebit", "context::"],
+        tests: &["-p", "onebit-engine", "--lib", "context::"],
+        also: None,
+        requires: &[],
+    },
+    // The engine's one rule for the tokens a request generates by default.
+    Mutant {
+        name: "default-max-tokens-ignores-the-context",
+        file: "crates/onebit-engine/src/lib.rs",
+        find: "None => Ok(DEFAULT_MAX_TOKENS.min(ctx - prompt)),",
+        replace: "None => Ok(DEFAULT_MAX_TOKENS),",
+        tests: &["-p", "onebit-engine", "--test", "engine", "--", "the_context_and_max_tokens_follow_one_rule"],
         also: None,
         requires: &[],
     },

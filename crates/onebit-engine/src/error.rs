@@ -57,6 +57,14 @@ pub enum EngineError {
         /// The context size.
         ctx: usize,
     },
+    /// A prompt that fills the context, with no token to generate asked for.
+    #[error("the prompt ({prompt} tokens) leaves no room to generate in the context size ({ctx} tokens)")]
+    NoRoom {
+        /// Prompt tokens.
+        prompt: usize,
+        /// The context size.
+        ctx: usize,
+    },
     /// An option out of range (the message names it).
     #[error("{0}")]
     Invalid(String),

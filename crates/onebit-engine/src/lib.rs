@@ -46,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod context;
 mod error;
 mod hooks;
 mod report;
@@ -65,6 +66,7 @@ use npu_runtime::{
 };
 
 pub use backend::{Backend, PassProfile, Stage, Target};
+pub use context::ContextLen;
 pub use error::{EngineError, Result};
 pub use hooks::PackageHooks;
 pub use report::{stats_json, stats_line};
@@ -200,9 +202,10 @@ pub struct EngineConfig {
     pub draft_max: usize,
     /// Draft `draft_max` every round instead of choosing k from the timed costs.
     pub fixed_k: bool,
-    /// The context size a request must fit (prompt + max tokens); `None`: no check.
-    /// Capped at the model's `max_position_embeddings`.
-    pub ctx_len: Option<usize>,
+    /// The context a request must fit (prompt + max tokens): given, a launcher's
+    /// number capped at the model's limit, the model's limit capped by available memory,
+    /// or no check ([`ContextLen`], resolved at load).
+    pub ctx_len: ContextLen,
     /// Sessions that generate at the same time share passes (continuous batching on the
     /// CPU backend, [`npu_runtime::PassBatcher`]): each pass runs every generating
     /// session's next rows at once. Answers are bit for bit those of sessions alone;
@@ -241,7 +244,7 @@ impl EngineConfig {
             drafter: DrafterConfig::None,
             draft_max: 7,
             fixed_k: false,
-            ctx_len: None,
+            ctx_len: ContextLen::Unchecked,
             share_passes: false,
             pass_linger: DEFAULT_LINGER,
             chat_template: None,
@@ -339,6 +342,10 @@ enum Shared {
     Borrowed(&'static Arc<TargetPackage>),
 }
 
+/// Tokens to generate when a request does not say (less when the context ends sooner:
+/// [`Engine::max_tokens`]).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 /// A loaded model, shared by its sessions.
 pub struct Engine {
     config: EngineConfig,
@@ -352,6 +359,8 @@ pub struct Engine {
     adaptive: Option<mtp::AdaptiveConfig>,
     calibration_seconds: f64,
     ctx_len: Option<usize>,
+    /// Why the default context is below the model's limit, when memory capped it.
+    context_note: Option<String>,
     kernel: Isa,
     info: TargetInfo,
     /// The target opened at load (calibrated there), handed to the first session.
@@ -398,6 +407,7 @@ impl Engine {
             return Err(EngineError::Invalid("--threads must be at least 1".into()));
         }
         let package = Arc::new(TargetPackage::open(&config.model)?);
+        context::check(config.ctx_len, &package.config)?;
         let text = Text::open(&config.model)?;
         let chat_tokens = ChatTokens::resolve(
             &config.model,
@@ -467,7 +477,8 @@ impl Engine {
             threads: target.threads(),
             weight_bytes_per_pass: target.weight_bytes_per_pass(),
         };
-        let ctx_len = config.ctx_len.map(|n| n.min(package.config.max_positions));
+        let (ctx_len, context_note) =
+            context::resolve(config.ctx_len, &package.config, info.kv_type)?;
         let batcher = match (&shared, config.share_passes) {
             (Shared::Cpu(model), true) => Some(PassBatcher::new(model.clone(), config.pass_linger)),
             _ => None,
@@ -483,6 +494,7 @@ impl Engine {
             adaptive,
             calibration_seconds,
             ctx_len,
+            context_note,
             kernel,
             info,
             spare: Mutex::new(Some(target)),
@@ -587,6 +599,31 @@ impl Engine {
     /// The context size requests must fit, if one was set.
     pub fn ctx_len(&self) -> Option<usize> {
         self.ctx_len
+    }
+
+    /// Why the context is below the model's `max_position_embeddings`, when available
+    /// memory capped the default (a front end prints it: it decides which requests are
+    /// refused).
+    pub fn context_note(&self) -> Option<&str> {
+        self.context_note.as_deref()
+    }
+
+    /// Tokens to generate after a prompt of `prompt` tokens: `requested` when given
+    /// (refused when the two do not fit the context), else [`DEFAULT_MAX_TOKENS`] or what
+    /// the context leaves after the prompt if that is less (refused when it leaves
+    /// nothing). Without a context, `requested` or the default.
+    pub fn max_tokens(&self, requested: Option<usize>, prompt: usize) -> Result<usize> {
+        let Some(ctx) = self.ctx_len else {
+            return Ok(requested.unwrap_or(DEFAULT_MAX_TOKENS));
+        };
+        match requested {
+            Some(m) => {
+                self.check_fits(prompt, m)?;
+                Ok(m)
+            }
+            None if prompt >= ctx => Err(EngineError::NoRoom { prompt, ctx }),
+            None => Ok(DEFAULT_MAX_TOKENS.min(ctx - prompt)),
+        }
     }
 
     /// The DFlash draft's configuration, when that is the drafter.

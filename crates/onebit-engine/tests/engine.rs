@@ -7,8 +7,8 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use onebit_engine::{
-    CancelFlag, Detokenizer, DraftMode, DrafterConfig, Engine, EngineConfig, EngineError, Event,
-    NullSink, Oracle, OracleRule, Prompt, Request, StopReason, Text,
+    CancelFlag, ContextLen, Detokenizer, DraftMode, DrafterConfig, Engine, EngineConfig,
+    EngineError, Event, NullSink, Oracle, OracleRule, Prompt, Request, StopReason, Text,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -336,7 +336,7 @@ fn logprobs_equal_the_prompts_and_drafting_changes_none() {
 #[test]
 fn refusals_name_their_values() {
     let mut c = config("tiny-qwen3");
-    c.ctx_len = Some(64);
+    c.ctx_len = ContextLen::Exactly(64);
     let engine = Engine::load(&c).unwrap();
     let mut session = engine.session().unwrap();
     let err = session
@@ -482,4 +482,56 @@ fn a_utf8_sequence_split_across_tokens_is_held_back_until_complete() {
         detok.flush(&text).unwrap(),
         text.decode(&ids[crab..crab + 1]).unwrap()
     );
+}
+
+/// One rule for the context and the tokens to generate, whatever the front end: an exact
+/// context is refused at load when 0 or past the model's 256 positions; a launcher's is
+/// capped there; `max_tokens` defaults to 256 or what the context leaves, and a request
+/// that does not fit is refused with both numbers.
+#[test]
+fn the_context_and_max_tokens_follow_one_rule() {
+    let load = |ctx_len| {
+        let mut c = config("tiny-qwen3");
+        c.ctx_len = ctx_len;
+        Engine::load(&c).map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        load(ContextLen::Exactly(0)).err().unwrap(),
+        "--ctx-len must be at least 1"
+    );
+    assert_eq!(
+        load(ContextLen::Exactly(300)).err().unwrap(),
+        "--ctx-len 300 exceeds the model's max_position_embeddings 256"
+    );
+    assert_eq!(load(ContextLen::AtMost(300)).unwrap().ctx_len(), Some(256));
+    let unchecked = load(ContextLen::Unchecked).unwrap();
+    assert_eq!(unchecked.ctx_len(), None);
+    assert_eq!(unchecked.max_tokens(None, 10_000).unwrap(), 256);
+    assert_eq!(unchecked.max_tokens(Some(9), 10_000).unwrap(), 9);
+    let engine = load(ContextLen::Exactly(100)).unwrap();
+    assert_eq!(engine.ctx_len(), Some(100));
+    assert_eq!(engine.context_note(), None);
+    assert_eq!(engine.max_tokens(None, 10).unwrap(), 90);
+    assert_eq!(engine.max_tokens(Some(90), 10).unwrap(), 90);
+    assert_eq!(
+        engine.max_tokens(Some(91), 10).unwrap_err().to_string(),
+        "the prompt (10 tokens) plus max_tokens (91) exceeds the context size (100 tokens)"
+    );
+    assert_eq!(
+        engine
+            .max_tokens(Some(usize::MAX), 10)
+            .unwrap_err()
+            .to_string(),
+        format!(
+            "the prompt (10 tokens) plus max_tokens ({}) exceeds the context size (100 tokens)",
+            usize::MAX
+        )
+    );
+    assert_eq!(
+        engine.max_tokens(None, 100).unwrap_err().to_string(),
+        "the prompt (100 tokens) leaves no room to generate in the context size (100 tokens)"
+    );
+    let roomy = load(ContextLen::Exactly(256)).unwrap();
+    assert_eq!(roomy.max_tokens(None, 0).unwrap(), 256);
+    assert_eq!(roomy.max_tokens(None, 1).unwrap(), 255);
 }

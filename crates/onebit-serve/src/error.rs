@@ -170,6 +170,7 @@ pub(crate) fn prompt_error(e: EngineError, prompt: &Prompt) -> ApiError {
 pub(crate) fn api_error(e: &EngineError) -> ApiError {
     match e {
         EngineError::ContextOverflow { .. }
+        | EngineError::NoRoom { .. }
         | EngineError::Invalid(_)
         | EngineError::TemplateException { .. }
         | EngineError::Sampling(_) => ApiError::invalid(None, e.to_string()),

@@ -293,6 +293,9 @@ async fn run(
         tokio::task::spawn_blocking(move || -> Result<()> {
             std::thread::sleep(load_delay);
             let engine = Engine::load(&config)?;
+            if let Some(note) = engine.context_note() {
+                app.log(&format!("onebit: {note}"));
+            }
             let ready = Ready::new(engine, parallel)?;
             let ctx = ready.engine.ctx_len().unwrap_or(0);
             let drafter = config.drafter.describe();

@@ -7,8 +7,9 @@ use anyhow::Result;
 use clap::Args;
 use npu_runtime::Forward;
 use onebit_engine::{
-    stats_json, stats_line, CancelFlag, Completion, DraftMode, DrafterConfig, NullSink, Oracle,
-    OracleRule, PassProfile, Prompt, Request, Stage, Stats, DEFAULT_MAX_NGRAM, PREFILL_CHUNK,
+    stats_json, stats_line, CancelFlag, Completion, ContextLen, DraftMode, DrafterConfig, NullSink,
+    Oracle, OracleRule, PassProfile, Prompt, Request, Stage, Stats, DEFAULT_MAX_NGRAM,
+    PREFILL_CHUNK,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -126,13 +127,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(n) = args.sessions {
         return shared_sessions(args, n);
     }
-    let engine = args.target.engine(DrafterConfig::None, 0, true)?;
-    // Positions needed: the prompt, the decode steps, then the largest n-row pass.
-    let ctx = crate::context::context_len(
-        args.ctx_len,
-        &engine.package().config,
-        engine.info().kv_type,
+    let engine = args.target.engine(
+        DrafterConfig::None,
+        0,
+        true,
+        ContextLen::from_flag(args.ctx_len),
     )?;
+    // Positions needed: the prompt, the decode steps, then the largest n-row pass.
+    let ctx = engine
+        .ctx_len()
+        .unwrap_or(engine.package().config.max_positions);
     let prefill_tokens = args.context.unwrap_or(args.prefill_tokens);
     let needed = prefill_tokens + args.decode_tokens + 16;
     if needed > ctx {
@@ -295,7 +299,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 fn shared_sessions(args: &BenchArgs, n: usize) -> Result<()> {
     let mut config = args.target.engine_config()?;
     config.share_passes = true;
-    let engine = onebit_engine::Engine::load(&config)?;
+    config.ctx_len = ContextLen::from_flag(args.ctx_len);
+    let engine = crate::run::load(&config)?;
     let vocab = engine.package().config.vocab_size;
     let prompt_len = 32;
     let needed = prompt_len + args.tokens;
@@ -493,7 +498,12 @@ fn speculative(args: &BenchArgs) -> Result<()> {
     // Lookup and DFlash calibrate for their adaptive run unless --fixed-k (the oracle
     // runs fixed k).
     let fixed_k = args.fixed_k || args.oracle.is_some();
-    let engine = args.target.engine(drafter, args.draft_max, fixed_k)?;
+    let engine = args.target.engine(
+        drafter,
+        args.draft_max,
+        fixed_k,
+        ContextLen::from_flag(args.ctx_len),
+    )?;
     let vocab = engine.package().config.vocab_size;
     let (prompt, stop) = match &args.prompt {
         Some(p) => {

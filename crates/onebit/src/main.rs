@@ -12,7 +12,6 @@ use clap::{Parser, Subcommand};
 
 mod backend;
 mod bench;
-mod context;
 mod convert;
 mod convert_draft;
 mod doctor;

@@ -10,9 +10,9 @@ use clap::Args;
 use npu_runtime::kernels::Isa;
 use npu_runtime::{HeadKind, KvType, Precision};
 use onebit_engine::{
-    stats_json, stats_line, Backend, CancelFlag, Completion, DraftMode, DrafterConfig, Engine,
-    EngineConfig, Event, Message, Oracle, OracleRule, Prompt, Request, SamplingConfig, Stats,
-    DEFAULT_MAX_NGRAM,
+    stats_json, stats_line, Backend, CancelFlag, Completion, ContextLen, DraftMode, DrafterConfig,
+    Engine, EngineConfig, Event, Message, Oracle, OracleRule, Prompt, Request, SamplingConfig,
+    Stats, DEFAULT_MAX_NGRAM,
 };
 use serde_json::json;
 
@@ -104,19 +104,32 @@ impl TargetArgs {
         Ok(onebit_engine::Target::open(package, &c.backend, cpu)?)
     }
 
-    /// Loads an engine with these flags and `drafter`.
+    /// Loads an engine with these flags, `drafter` and the context `ctx_len`; prints
+    /// why the default context is below the model's limit when memory capped it.
     pub fn engine(
         &self,
         drafter: DrafterConfig,
         draft_max: usize,
         fixed_k: bool,
+        ctx_len: ContextLen,
     ) -> Result<Arc<Engine>> {
         let mut config = self.engine_config()?;
         config.drafter = drafter;
         config.draft_max = draft_max;
         config.fixed_k = fixed_k;
-        Ok(Engine::load(&config)?)
+        config.ctx_len = ctx_len;
+        load(&config)
     }
+}
+
+/// Loads an engine of `config`, printing the reason of a memory-capped context (one
+/// line on standard error: it decides which requests are refused).
+pub fn load(config: &EngineConfig) -> Result<Arc<Engine>> {
+    let engine = Engine::load(config)?;
+    if let Some(note) = engine.context_note() {
+        eprintln!("onebit: {note}");
+    }
+    Ok(engine)
 }
 
 #[derive(Args)]
@@ -364,38 +377,6 @@ impl KvTypeArg {
     }
 }
 
-/// The context of a run over `engine`: `--ctx-len`, or by default the model's
-/// `max_position_embeddings` capped by available memory ([`crate::context`], which
-/// prints the reason of a cap).
-fn engine_context(args: &RunArgs, engine: &Engine) -> Result<usize> {
-    crate::context::context_len(
-        args.ctx_len,
-        &engine.package().config,
-        engine.info().kv_type,
-    )
-}
-
-/// Default tokens to generate when `--max-tokens` is not given (less if the context ends
-/// sooner).
-pub const DEFAULT_MAX_TOKENS: usize = 256;
-
-/// Tokens to generate in a context of `ctx` positions: `--max-tokens`, refused (before
-/// any work, with both numbers) if the prompt plus it exceed the context; by default 256
-/// clamped to what is left.
-pub fn max_tokens(args: &RunArgs, ctx: usize, prompt: usize) -> Result<usize> {
-    match args.max_tokens {
-        Some(m) if prompt + m > ctx => bail!(
-            "run: the prompt's {prompt} tokens plus --max-tokens {m} make {}, more than the context of {ctx} positions",
-            prompt + m
-        ),
-        Some(m) => Ok(m),
-        None if prompt >= ctx => bail!(
-            "run: the prompt's {prompt} tokens leave no room in the context of {ctx} positions"
-        ),
-        None => Ok(DEFAULT_MAX_TOKENS.min(ctx - prompt)),
-    }
-}
-
 /// The request `args` ask for, generating at most `max_tokens`.
 fn request(args: &RunArgs, prompt: Prompt, draft: DraftMode, max_tokens: usize) -> Request {
     Request {
@@ -485,9 +466,9 @@ impl Timing {
 /// `--oracle RULE`: plain decoding, then an oracle drafter that knows that
 /// continuation ([`onebit_engine::Session::generate_oracle`]; an oracle is a measuring device, not a
 /// drafter a request can ask for).
-fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>, ctx: usize) -> Result<SideBySide> {
+fn oracle_runs(args: &RunArgs, rule: &str, engine: &Arc<Engine>) -> Result<SideBySide> {
     let prompt = engine.tokenize(&prompt(args, engine)?)?;
-    let max = max_tokens(args, ctx, prompt.len())?;
+    let max = engine.max_tokens(args.max_tokens, prompt.len())?;
     let mut session = engine.session()?;
     let plain = session.generate(
         &request(args, Prompt::Tokens(prompt.clone()), DraftMode::Off, max),
@@ -524,20 +505,21 @@ fn side_by_side(args: &RunArgs, rule: Option<&str>) -> Result<()> {
     if args.temp > 0.0 {
         bail!("run: {flag} compares greedy decodings; drop --temp");
     }
-    let engine = match rule {
-        Some(_) => args
-            .target
-            .engine(DrafterConfig::None, args.draft_max, args.fixed_k)?,
-        None => args
-            .target
-            .engine(drafter(args), args.draft_max, args.fixed_k)?,
+    let drafter = match rule {
+        Some(_) => DrafterConfig::None,
+        None => drafter(args),
     };
-    let ctx = engine_context(args, &engine)?;
+    let engine = args.target.engine(
+        drafter,
+        args.draft_max,
+        args.fixed_k,
+        ContextLen::from_flag(args.ctx_len),
+    )?;
     let runs = match rule {
-        Some(rule) => oracle_runs(args, rule, &engine, ctx)?,
+        Some(rule) => oracle_runs(args, rule, &engine)?,
         None => {
             let prompt = engine.tokenize(&prompt(args, &engine)?)?;
-            let max = max_tokens(args, ctx, prompt.len())?;
+            let max = engine.max_tokens(args.max_tokens, prompt.len())?;
             let mut session = engine.session()?;
             let tokens = Prompt::Tokens(prompt.clone());
             let plain = session.generate(
@@ -647,13 +629,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
     {
         return interactive(args);
     }
-    let engine = args
-        .target
-        .engine(drafter(args), args.draft_max, args.fixed_k)?;
-    let ctx = engine_context(args, &engine)?;
+    let engine = args.target.engine(
+        drafter(args),
+        args.draft_max,
+        args.fixed_k,
+        ContextLen::from_flag(args.ctx_len),
+    )?;
     let prompt_ids = engine.tokenize(&prompt(args, &engine)?)?;
     // The context refusal comes before any generation.
-    let max = max_tokens(args, ctx, prompt_ids.len())?;
+    let max = engine.max_tokens(args.max_tokens, prompt_ids.len())?;
     let mut session = engine.session()?;
     let speculative = engine.drafting();
     let stdout = std::io::stdout();
@@ -777,19 +761,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
 /// and the session's KV cache reused across turns (only each new turn is prefilled);
 /// Ctrl-C stops a reply (and quits at the prompt); `/exit` or end of input quits.
 fn interactive(args: &RunArgs) -> Result<()> {
-    let mut config = args.target.engine_config()?;
-    config.drafter = drafter(args);
-    config.draft_max = args.draft_max;
-    config.fixed_k = args.fixed_k;
-    // Each turn must fit the context (read from config.json before the load: the
-    // engine keeps the limit it is loaded with).
-    let model = npu_runtime::TargetConfig::read(&config.model)?;
-    config.ctx_len = Some(crate::context::context_len(
-        args.ctx_len,
-        &model,
-        config.kv_type,
-    )?);
-    let engine = Engine::load(&config)?;
+    // Each turn must fit the context (the engine refuses one that does not).
+    let engine = args.target.engine(
+        drafter(args),
+        args.draft_max,
+        args.fixed_k,
+        ContextLen::from_flag(args.ctx_len),
+    )?;
     if engine.text().is_none() {
         bail!("run: an interactive chat needs the package's tokenizer.json");
     }
@@ -855,7 +833,7 @@ fn interactive(args: &RunArgs) -> Result<()> {
             ControlFlow::Continue(())
         };
         // The engine refuses a turn that no longer fits the context (set at load).
-        let max = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let max = args.max_tokens.unwrap_or(onebit_engine::DEFAULT_MAX_TOKENS);
         let request = request(args, Prompt::Chat(messages.clone()), DraftMode::Auto, max);
         let result = session.generate(&request, &mut print, &cancel);
         *current.lock().expect("cancel lock") = None;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use onebit_engine::DrafterConfig;
+use onebit_engine::{ContextLen, DrafterConfig};
 
 use crate::run::TargetArgs;
 
@@ -129,17 +129,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     engine.fixed_k = args.fixed_k;
     engine.share_passes = args.parallel > 1 && !args.no_shared_passes;
     engine.pass_linger = Duration::from_micros(args.debug_pass_linger_us);
-    // --ctx-len as given (the engine caps it at the model's own limit, as `flm serve`
-    // takes any value); without it, the model's max_position_embeddings capped by
-    // available memory (the reason printed: it decides which requests are refused).
-    engine.ctx_len = match args.ctx_len {
-        Some(n) => Some(n),
-        None => {
-            let model = npu_runtime::TargetConfig::read(&engine.model)
-                .context("serve: cannot load the model")?;
-            Some(crate::context::context_len(None, &model, engine.kv_type)?)
-        }
-    };
+    // --ctx-len as given, capped at the model's own limit (as `flm serve` takes any
+    // value); without it, the model's max_position_embeddings capped by available memory
+    // (the engine's rule; the reason printed at load: it decides which requests are
+    // refused).
+    engine.ctx_len = args.ctx_len.map_or(ContextLen::Auto, ContextLen::AtMost);
     let port = match (args.port, std::env::var("FLM_SERVE_PORT")) {
         (Some(p), _) => p,
         (None, Ok(v)) => v

@@ -452,15 +452,15 @@ fn context_limits_are_refused_by_name() {
     for (args, message) in [
         (
             &["--max-tokens", "300"][..],
-            "run: the prompt's 3 tokens plus --max-tokens 300 make 303, more than the context of 256 positions",
+            "the prompt (3 tokens) plus max_tokens (300) exceeds the context size (256 tokens)",
         ),
         (
             &["--ctx-len", "10", "--max-tokens", "8"][..],
-            "run: the prompt's 3 tokens plus --max-tokens 8 make 11, more than the context of 10 positions",
+            "the prompt (3 tokens) plus max_tokens (8) exceeds the context size (10 tokens)",
         ),
         (
             &["--ctx-len", "3"][..],
-            "run: the prompt's 3 tokens leave no room in the context of 3 positions",
+            "the prompt (3 tokens) leaves no room to generate in the context size (3 tokens)",
         ),
         (
             &["--ctx-len", "300"][..],
@@ -555,7 +555,7 @@ fn the_default_context_is_capped_by_available_memory() {
         .stdout("")
         .stderr(predicate::str::starts_with(reason))
         .stderr(predicate::str::contains(
-            "run: the prompt's 3 tokens plus --max-tokens 200 make 203, more than the context of 128 positions",
+            "the prompt (3 tokens) plus max_tokens (200) exceeds the context size (128 tokens)",
         ));
     let out = run(&[], &mem).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stderr), reason);
@@ -566,7 +566,7 @@ fn the_default_context_is_capped_by_available_memory() {
         .stderr(predicate::str::contains(
             "onebit: --ctx-len defaults to 64 positions: 256 would need 256.0 KiB of KV cache (f32), more than half of the 128.0 KiB available",
         ))
-        .stderr(predicate::str::contains("more than the context of 64 positions"));
+        .stderr(predicate::str::contains("exceeds the context size (64 tokens)"));
     for args in [
         &["--ctx-len", "200", "--max-tokens", "150"][..],
         &["--max-tokens", "200"],

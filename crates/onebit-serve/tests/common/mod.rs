@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use onebit_engine::{DrafterConfig, EngineConfig};
+use onebit_engine::{ContextLen, DrafterConfig, EngineConfig};
 use onebit_serve::{DebugDelays, Log, Running, ServeOptions};
 use serde_json::Value;
 use test_support::http::HttpServer;
@@ -51,7 +51,7 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
     let mut engine = EngineConfig::new(model);
     engine.threads = Some(1);
     // As `onebit serve` without --ctx-len on a machine with memory to spare: the model's own.
-    engine.ctx_len = None;
+    engine.ctx_len = ContextLen::Unchecked;
     let mut lookup = false;
     let mut draft = None;
     let mut shared = true;
@@ -64,7 +64,7 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
         let mut value = || *it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         let ms = |v: &str| Duration::from_millis(v.parse().unwrap());
         match flag {
-            "--ctx-len" => o.engine.ctx_len = Some(value().parse().unwrap()),
+            "--ctx-len" => o.engine.ctx_len = ContextLen::AtMost(value().parse().unwrap()),
             "--parallel" => o.parallel = value().parse().unwrap(),
             "--q-len" => o.q_len = value().parse().unwrap(),
             "--alias" => o.name = value().to_string(),
@@ -89,12 +89,11 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
     o.engine.drafter =
         DrafterConfig::from_flags(draft.as_deref(), lookup, onebit_engine::DEFAULT_MAX_NGRAM);
     o.engine.share_passes = o.parallel > 1 && shared;
-    if o.engine.ctx_len.is_none() {
+    if o.engine.ctx_len == ContextLen::Unchecked {
         let config: Value =
             serde_json::from_slice(&std::fs::read(model.join("config.json")).unwrap()).unwrap();
-        o.engine.ctx_len = config["max_position_embeddings"]
-            .as_u64()
-            .map(|n| n as usize);
+        let max = config["max_position_embeddings"].as_u64().unwrap() as usize;
+        o.engine.ctx_len = ContextLen::AtMost(max);
     }
     o
 }

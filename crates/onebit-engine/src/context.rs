@@ -1,7 +1,10 @@
-//! The context a command runs with (`--ctx-len` on `run`, `bench` and `serve`).
+//! The context an engine checks requests against (`--ctx-len` on `run`, `bench` and
+//! `serve`), chosen once at [`crate::Engine::load`] from [`ContextLen`].
 //!
-//! An explicit `--ctx-len` is taken as given (refused when 0 or above the model's
-//! `max_position_embeddings`). Without one, the context is the model's
+//! An explicit context ([`ContextLen::Exactly`]) is taken as given (refused when 0 or
+//! above the model's `max_position_embeddings`); a launcher's ([`ContextLen::AtMost`],
+//! `serve --ctx-len`, as `flm serve` takes any value) is capped at the model's limit.
+//! Without one ([`ContextLen::Auto`]) the context is the model's
 //! `max_position_embeddings`, **capped so that a KV cache holding the whole context
 //! takes at most half of the memory available** (`MemAvailable` in `/proc/meminfo`).
 //! A capped context is the largest multiple of 64 positions (the KV key block) that
@@ -9,12 +12,36 @@
 //! (at least 1). When the available memory cannot be read there is no cap. The KV
 //! cache itself still grows with use: the cap only bounds what a request may ask for.
 //!
-//! [`default_context`] is the rule, pure; [`context_len`] reads the memory and prints
-//! the reason of a cap (one line on standard error).
+//! [`default_context`] is the rule, pure; [`resolve`] reads the memory and returns the
+//! reason of a cap, which the engine keeps for its front end to print
+//! ([`crate::Engine::context_note`]).
 
-use anyhow::{bail, Result};
+use crate::{EngineError, Result};
 use npu_runtime::kernels::kv::BLOCK;
 use npu_runtime::{KvType, TargetConfig};
+
+/// How an engine's context is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextLen {
+    /// No context: requests are not checked (a caller that bounds its own).
+    #[default]
+    Unchecked,
+    /// Exactly this many positions: refused when 0 or above the model's
+    /// `max_position_embeddings` (`run`'s and `bench`'s `--ctx-len`).
+    Exactly(usize),
+    /// This many positions, capped at the model's limit; refused when 0 (a launcher's
+    /// `serve --ctx-len`: Lemonade passes its own number whatever the model).
+    AtMost(usize),
+    /// The model's limit capped by the memory available ([`default_context`]).
+    Auto,
+}
+
+impl ContextLen {
+    /// A command's `--ctx-len`: the value exactly when given, else [`ContextLen::Auto`].
+    pub fn from_flag(flag: Option<usize>) -> ContextLen {
+        flag.map_or(ContextLen::Auto, ContextLen::Exactly)
+    }
+}
 
 /// The share of the available memory a full-context KV cache may take: one half.
 pub const KV_SHARE_DIVISOR: u128 = 2;
@@ -122,34 +149,44 @@ pub fn available_memory() -> Option<u64> {
     mem_available(&std::fs::read_to_string(meminfo_path()).ok()?)
 }
 
-/// The context in positions for a model of `config` whose KV cache stores `kv_type`:
-/// `explicit` (`--ctx-len`) when given, refused when 0 or above the model's
-/// `max_position_embeddings`; else [`default_context`] over the memory available now,
-/// the reason of a cap printed on standard error.
-pub fn context_len(
-    explicit: Option<usize>,
+/// The context of a model of `config` whose KV cache stores `kv_type`, asked for as
+/// `asked`: the positions (`None` for [`ContextLen::Unchecked`]) and the reason when
+/// available memory capped the default.
+pub fn resolve(
+    asked: ContextLen,
     config: &TargetConfig,
     kv_type: KvType,
-) -> Result<usize> {
+) -> Result<(Option<usize>, Option<String>)> {
+    check(asked, config)?;
     let max = config.max_positions;
-    match explicit {
-        Some(0) => bail!("--ctx-len must be at least 1"),
-        Some(n) if n > max => {
-            bail!("--ctx-len {n} exceeds the model's max_position_embeddings {max}")
-        }
-        Some(n) => Ok(n),
-        None => {
+    Ok(match asked {
+        ContextLen::Unchecked => (None, None),
+        ContextLen::Exactly(n) => (Some(n), None),
+        ContextLen::AtMost(n) => (Some(n.min(max)), None),
+        ContextLen::Auto => {
             let chosen = default_context(
                 max,
                 kv_bytes_per_position(config, kv_type),
                 available_memory(),
                 kv_type,
             );
-            if let Some(reason) = &chosen.reason {
-                eprintln!("onebit: {reason}");
-            }
-            Ok(chosen.positions)
+            (Some(chosen.positions), chosen.reason)
         }
+    })
+}
+
+/// Refuses an explicit context of 0, or one above the model's limit where it must fit
+/// ([`ContextLen::Exactly`]): checked before anything loads.
+pub fn check(asked: ContextLen, config: &TargetConfig) -> Result<()> {
+    let max = config.max_positions;
+    match asked {
+        ContextLen::Exactly(0) | ContextLen::AtMost(0) => Err(EngineError::Invalid(
+            "--ctx-len must be at least 1".to_string(),
+        )),
+        ContextLen::Exactly(n) if n > max => Err(EngineError::Invalid(format!(
+            "--ctx-len {n} exceeds the model's max_position_embeddings {max}"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -333,19 +370,21 @@ mod tests {
     #[test]
     fn explicit_values_are_checked_not_capped() {
         let c = smollm2(8192);
-        assert_eq!(context_len(Some(8192), &c, KvType::F32).unwrap(), 8192);
-        assert_eq!(context_len(Some(1), &c, KvType::F32).unwrap(), 1);
+        let resolve = |asked| resolve(asked, &c, KvType::F32).map_err(|e| e.to_string());
+        assert_eq!(resolve(ContextLen::Exactly(8192)), Ok((Some(8192), None)));
+        assert_eq!(resolve(ContextLen::Exactly(1)), Ok((Some(1), None)));
+        assert_eq!(resolve(ContextLen::Unchecked), Ok((None, None)));
+        let zero = Err("--ctx-len must be at least 1".to_string());
+        assert_eq!(resolve(ContextLen::Exactly(0)), zero);
+        assert_eq!(resolve(ContextLen::AtMost(0)), zero);
         assert_eq!(
-            context_len(Some(0), &c, KvType::F32)
-                .unwrap_err()
-                .to_string(),
-            "--ctx-len must be at least 1"
+            resolve(ContextLen::Exactly(8193)),
+            Err("--ctx-len 8193 exceeds the model's max_position_embeddings 8192".to_string())
         );
-        assert_eq!(
-            context_len(Some(8193), &c, KvType::F32)
-                .unwrap_err()
-                .to_string(),
-            "--ctx-len 8193 exceeds the model's max_position_embeddings 8192"
-        );
+        // A launcher's number is capped at the model's limit, not refused.
+        assert_eq!(resolve(ContextLen::AtMost(8193)), Ok((Some(8192), None)));
+        assert_eq!(resolve(ContextLen::AtMost(100)), Ok((Some(100), None)));
+        assert_eq!(ContextLen::from_flag(None), ContextLen::Auto);
+        assert_eq!(ContextLen::from_flag(Some(7)), ContextLen::Exactly(7));
     }
 }
