@@ -894,6 +894,25 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // A server of the store: a request reaches the model it names, loaded then.
+    Mutant {
+        name: "store-server-ignores-the-named-model",
+        file: "crates/onebit-serve/src/store.rs",
+        find: "Some(name) => self.find(name).ok_or_else(|| ApiError::unknown_model(name)),",
+        replace: "Some(_) => Ok(&self.models[0]),",
+        tests: &["-p", "onebit-serve", "--test", "serve", "a_store_server"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "store-server-lists-without-the-key",
+        file: "crates/onebit-serve/src/store.rs",
+        find: "        .fallback(not_found)\n        .layer(axum::middleware::from_fn_with_state(\n            first.clone(),\n            auth::require_key,\n        ));",
+        replace: "        .fallback(not_found);",
+        tests: &["-p", "onebit-serve", "--test", "serve", "a_store_server_with_a_key"],
+        also: None,
+        requires: &[],
+    },
     // onebit serve: what clients rely on.
     Mutant {
         name: "seed-defaults-to-a-constant",

@@ -35,6 +35,7 @@ mod metrics;
 mod request;
 mod routes;
 mod sessions;
+mod store;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -125,6 +126,21 @@ pub struct ServeOptions {
     pub debug: DebugDelays,
     /// Where log lines go.
     pub log: Log,
+    /// Models served by name instead of `engine`/`name`/`aliases`, each loaded on its
+    /// first request (`onebit serve` with no model: every model of the store); empty:
+    /// `engine` alone, loaded at start. The other options apply to each.
+    pub store: Vec<ServedModel>,
+}
+
+/// A model of a server that serves several ([`ServeOptions::store`]).
+#[derive(Clone)]
+pub struct ServedModel {
+    /// How it loads (its package, backend, drafter, context).
+    pub engine: EngineConfig,
+    /// Its name in the API.
+    pub name: String,
+    /// Other names requests may use for it.
+    pub aliases: Vec<String>,
 }
 
 impl ServeOptions {
@@ -145,6 +161,7 @@ impl ServeOptions {
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
             debug: DebugDelays::default(),
             log: Log::stderr(),
+            store: Vec::new(),
         }
     }
 }
@@ -165,7 +182,8 @@ struct App {
     created: u64,
     /// `--api-key`: required of every route but /health.
     api_key: Option<String>,
-    metrics: metrics::Metrics,
+    /// Shared by the models of a server that serves several.
+    metrics: Arc<metrics::Metrics>,
     /// Ollama's `keep_alive` idle timeout.
     idle: std::sync::Mutex<sessions::IdleTimer>,
     /// Requests being parsed, templated and tokenized at once: the queue's length plus
@@ -225,28 +243,22 @@ pub fn start(options: ServeOptions) -> Result<Running> {
         anyhow::bail!("serve: --parallel must be at least 1");
     }
     let cors = auth::cors_layer(&options.cors)?;
-    let mut names = vec![options.name.clone()];
-    names.extend(options.aliases.iter().cloned());
-    let app = Arc::new(App {
-        name: options.name.clone(),
-        names,
-        ready: OnceLock::new(),
-        quiet: options.quiet,
-        q_len: options.q_len,
-        waiting: AtomicUsize::new(0),
-        token_delay: options.debug.token,
-        sse_keep_alive: options.sse_keep_alive,
-        tokenize_delay: options.debug.tokenize,
-        started: Instant::now(),
-        created: encode::unix_now(),
-        api_key: options.api_key.clone(),
-        metrics: metrics::Metrics::default(),
-        idle: Default::default(),
-        tokenizing: Arc::new(Semaphore::new(
-            options.q_len.saturating_add(options.parallel).max(1),
-        )),
-        log: options.log.clone(),
-    });
+    let metrics = Arc::new(metrics::Metrics::default());
+    let apps: Vec<Arc<App>> = if options.store.is_empty() {
+        vec![App::new(
+            &options,
+            &options.name,
+            &options.aliases,
+            &metrics,
+        )]
+    } else {
+        options
+            .store
+            .iter()
+            .map(|m| App::new(&options, &m.name, &m.aliases, &metrics))
+            .collect()
+    };
+    let app = apps[0].clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -257,10 +269,23 @@ pub fn start(options: ServeOptions) -> Result<Running> {
         .block_on(tokio::net::TcpListener::bind(&addr))
         .with_context(|| format!("serve: cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
-    app.log(&format!(
-        "onebit serve: listening on http://{local} (loading {})",
-        options.engine.model.display()
-    ));
+    if options.store.is_empty() {
+        app.log(&format!(
+            "onebit serve: listening on http://{local} (loading {})",
+            options.engine.model.display()
+        ));
+    } else {
+        app.log(&format!(
+            "onebit serve: listening on http://{local} ({} models, each loaded on its first request: {})",
+            apps.len(),
+            options
+                .store
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if let Some(warning) = auth::exposure_warning(local, app.api_key.is_some()) {
         // Always printed, also under --quiet: it is about who can use the server.
         app.error(&warning);
@@ -268,7 +293,14 @@ pub fn start(options: ServeOptions) -> Result<Running> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("onebit-serve".into())
-        .spawn(move || runtime.block_on(run(app, options, listener, cors, stopped)))
+        .spawn(move || {
+            if options.store.is_empty() {
+                runtime.block_on(run(app, options, listener, cors, stopped))
+            } else {
+                let front = store::Front::new(apps, &options);
+                runtime.block_on(store::run(front, listener, cors, stopped))
+            }
+        })
         .context("serve: cannot start the server thread")?;
     Ok(Running {
         addr: local,
@@ -292,25 +324,7 @@ async fn run(
         let (parallel, load_delay) = (options.parallel, options.debug.load);
         tokio::task::spawn_blocking(move || -> Result<()> {
             std::thread::sleep(load_delay);
-            let engine = Engine::load(&config)?;
-            if let Some(note) = engine.context_note() {
-                app.log(&format!("onebit: {note}"));
-            }
-            let ready = Ready::new(engine, parallel)?;
-            let ctx = ready.engine.ctx_len().unwrap_or(0);
-            let drafter = config.drafter.describe();
-            let info = ready.engine.info().clone();
-            let _ = app.ready.set(ready);
-            app.log(&format!(
-                "onebit serve: {} ready in {:.2} s (ctx {ctx}, parallel {parallel}, queue {}, drafter {drafter}, {} threads, {} precision, {} kernel)",
-                app.name,
-                app.started.elapsed().as_secs_f64(),
-                app.q_len,
-                info.threads,
-                info.precision.name(),
-                info.kernel,
-            ));
-            Ok(())
+            load_model(&app, &config, parallel)
         })
     };
     let mut routes = router(app);
@@ -337,7 +351,85 @@ async fn run(
         .context("serve: the server stopped")
 }
 
+/// Loads `config` into `app` with `parallel` sessions, and says so.
+fn load_model(app: &App, config: &EngineConfig, parallel: usize) -> Result<()> {
+    let engine = Engine::load(config)?;
+    if let Some(note) = engine.context_note() {
+        app.log(&format!("onebit: {note}"));
+    }
+    let ready = Ready::new(engine, parallel)?;
+    let ctx = ready.engine.ctx_len().unwrap_or(0);
+    let drafter = config.drafter.describe();
+    let info = ready.engine.info().clone();
+    let _ = app.ready.set(ready);
+    app.log(&format!(
+        "onebit serve: {} ready in {:.2} s (ctx {ctx}, parallel {parallel}, queue {}, drafter {drafter}, {} threads, {} precision, {} kernel)",
+        app.name,
+        app.started.elapsed().as_secs_f64(),
+        app.q_len,
+        info.threads,
+        info.precision.name(),
+        info.kernel,
+    ));
+    Ok(())
+}
+
 impl App {
+    /// A model's routes' shared state: `name` and `aliases` are the names it answers to.
+    fn new(
+        options: &ServeOptions,
+        name: &str,
+        aliases: &[String],
+        metrics: &Arc<metrics::Metrics>,
+    ) -> Arc<App> {
+        let mut names = vec![name.to_string()];
+        names.extend(aliases.iter().cloned());
+        Arc::new(App {
+            name: name.to_string(),
+            names,
+            ready: OnceLock::new(),
+            quiet: options.quiet,
+            q_len: options.q_len,
+            waiting: AtomicUsize::new(0),
+            token_delay: options.debug.token,
+            sse_keep_alive: options.sse_keep_alive,
+            tokenize_delay: options.debug.tokenize,
+            started: Instant::now(),
+            created: encode::unix_now(),
+            api_key: options.api_key.clone(),
+            metrics: metrics.clone(),
+            idle: Default::default(),
+            tokenizing: Arc::new(Semaphore::new(
+                options.q_len.saturating_add(options.parallel).max(1),
+            )),
+            log: options.log.clone(),
+        })
+    }
+
+    /// What `/metrics` reads of this model at a scrape.
+    fn gauges(&self) -> metrics::Gauges {
+        match self.ready.get() {
+            Some(r) => metrics::Gauges {
+                queue_depth: self.waiting.load(Ordering::Acquire),
+                active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
+                sessions: r.parallel,
+                ready: true,
+                batch: r.engine.batch_stats(),
+                batch_members: r.engine.batch_members(),
+                idle_kv_bytes: r.idle_kv_bytes(),
+            },
+            None => metrics::Gauges {
+                queue_depth: 0,
+                active_sessions: 0,
+                sessions: 0,
+                ready: false,
+                batch: None,
+                batch_members: 0,
+                idle_kv_bytes: None,
+            },
+        }
+    }
+
     fn log(&self, line: &str) {
         if !self.quiet {
             (self.log.0)(line);
@@ -376,6 +468,12 @@ fn untagged(name: &str) -> &str {
 /// of unknown paths, sit behind the API key check (which passes everything when the
 /// server has no key). The serve tests read the `.route(` calls here to knock on each.
 fn router(app: Arc<App>) -> Router {
+    uncounted_router(app.clone()).layer(axum::middleware::from_fn_with_state(app, count_answers))
+}
+
+/// [`router`]'s routes without the count of answers (a server of several models counts
+/// once, in front of them).
+fn uncounted_router(app: Arc<App>) -> Router {
     let open = Router::new().route("/health", get(health));
     let locked = Router::new()
         .route("/v1/models", get(openai::models))
@@ -398,12 +496,7 @@ fn router(app: Arc<App>) -> Router {
             app.clone(),
             auth::require_key,
         ));
-    open.merge(locked)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            count_answers,
-        ))
-        .with_state(app)
+    open.merge(locked).with_state(app)
 }
 
 /// Counts every answer (a 401 too) by the route's pattern, so that paths nobody serves
@@ -425,32 +518,16 @@ async fn count_answers(
 
 /// `GET /metrics`: Prometheus' text format.
 async fn metrics_route(State(app): State<Arc<App>>) -> Response {
-    let gauges = match app.ready.get() {
-        Some(r) => metrics::Gauges {
-            queue_depth: app.waiting.load(Ordering::Acquire),
-            active_sessions: r.parallel.saturating_sub(r.permits.available_permits()),
-            sessions: r.parallel,
-            ready: true,
-            batch: r.engine.batch_stats(),
-            batch_members: r.engine.batch_members(),
-            idle_kv_bytes: r.idle_kv_bytes(),
-        },
-        None => metrics::Gauges {
-            queue_depth: 0,
-            active_sessions: 0,
-            sessions: 0,
-            ready: false,
-            batch: None,
-            batch_members: 0,
-            idle_kv_bytes: None,
-        },
-    };
+    metrics_response(&app.metrics, &app.gauges())
+}
+
+fn metrics_response(metrics: &metrics::Metrics, gauges: &metrics::Gauges) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.render(&gauges),
+        metrics.render(gauges),
     )
         .into_response()
 }

@@ -113,6 +113,42 @@ pub(crate) struct Gauges {
     pub idle_kv_bytes: Option<usize>,
 }
 
+impl Gauges {
+    /// The gauges of several models as one server's: counts added, `ready` when any
+    /// model is loaded, the shared passes' counters added (the widest pass the widest
+    /// of any).
+    pub fn sum(all: impl IntoIterator<Item = Gauges>) -> Gauges {
+        let mut total = Gauges {
+            queue_depth: 0,
+            active_sessions: 0,
+            sessions: 0,
+            ready: false,
+            batch: None,
+            batch_members: 0,
+            idle_kv_bytes: None,
+        };
+        for g in all {
+            total.queue_depth += g.queue_depth;
+            total.active_sessions += g.active_sessions;
+            total.sessions += g.sessions;
+            total.ready |= g.ready;
+            total.batch_members += g.batch_members;
+            if let Some(bytes) = g.idle_kv_bytes {
+                total.idle_kv_bytes = Some(total.idle_kv_bytes.unwrap_or(0) + bytes);
+            }
+            if let Some(b) = g.batch {
+                let mut t = total.batch.unwrap_or_default();
+                t.passes += b.passes;
+                t.parts += b.parts;
+                t.rows += b.rows;
+                t.widest = t.widest.max(b.widest);
+                total.batch = Some(t);
+            }
+        }
+        total
+    }
+}
+
 impl Metrics {
     /// One answer of `route` with `status`.
     pub fn answered(&self, route: &str, status: u16) {

@@ -2185,3 +2185,130 @@ fn every_drafting_mode_answers_with_the_plain_text() {
     );
     assert_eq!(e["param"], "speculative.mode", "{e}");
 }
+
+/// `onebit serve` with no model serves every model of the store: each listed before it
+/// loads, loaded on its first request, answering as a server of that model alone; a
+/// request names its model, and one that names none or an unknown one is refused by name.
+#[test]
+fn a_store_server_lists_every_model_and_loads_each_on_its_first_request() {
+    let (_dir, llama) = tiny();
+    let qwen = common::fixture("tiny-qwen3");
+    let s = Server::start_store(&[&llama, &qwen], &["--ctx-len", "128"]);
+
+    // Listed before any loads; none running yet.
+    let (st, v) = s.get("/v1/models");
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["tiny-llama", "tiny-qwen3"]);
+    let (st, v) = s.get("/api/tags");
+    assert_eq!(st, 200, "{v}");
+    let tags = v["models"].as_array().unwrap();
+    assert_eq!(tags.len(), 2, "{v}");
+    assert_eq!(tags[1]["name"], "tiny-qwen3");
+    assert_eq!(tags[1]["details"]["family"], "qwen3", "{v}");
+    assert!(tags[1]["size"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(s.get("/api/ps").1, json!({"models": []}));
+    assert_eq!(s.get("/v1/models/tiny-qwen3").0, 200);
+    assert_eq!(s.get("/v1/models/tiny-qwen3:latest").0, 200);
+
+    // A request names its model: the answer is that model's alone.
+    let prompt = json!({"model": "tiny-qwen3", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0});
+    let (st, from_store) = s.post("/v1/completions", &prompt);
+    assert_eq!(st, 200, "{from_store}");
+    let ps = s.get("/api/ps").1;
+    let running: Vec<&str> = ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(running, ["tiny-qwen3"], "only the model asked for loads");
+    s.wait_log("tiny-qwen3 ready", 1);
+    let alone = Server::start(&qwen, &["--ctx-len", "128"], true);
+    let (st, from_alone) = alone.post("/v1/completions", &prompt);
+    assert_eq!(st, 200, "{from_alone}");
+    assert_eq!(
+        from_store["choices"][0]["text"], from_alone["choices"][0]["text"],
+        "the store's answer is the model's own"
+    );
+    let (st, v) = s.post("/v1/chat/completions", &chat("Hello", 4));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["model"], "tiny-llama");
+    assert_eq!(s.get("/api/ps").1["models"].as_array().unwrap().len(), 2);
+
+    // Refusals, by name.
+    let mut unnamed = prompt.clone();
+    unnamed.as_object_mut().unwrap().remove("model");
+    let e = assert_error(
+        s.post("/v1/completions", &unnamed),
+        400,
+        "this server serves 2 models: name one in 'model' (tiny-llama, tiny-qwen3)",
+    );
+    assert_eq!(e["param"], "model");
+    let mut unknown = prompt.clone();
+    unknown["model"] = json!("gpt-17");
+    assert_error(
+        s.post("/v1/completions", &unknown),
+        404,
+        "The model 'gpt-17' does not exist",
+    );
+    assert_eq!(
+        s.post("/api/generate", &json!({"model": "llama9", "prompt": "x"})),
+        (404, json!({"error": "model 'llama9' not found"}))
+    );
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().unwrap().contains("not valid JSON"));
+    // The server's counters, and the models' sessions added (one each).
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("onebit_requests_total{route=\"/v1/completions\",status=\"200\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("\nonebit_sessions 2\n"), "{metrics}");
+    assert!(metrics.contains("\nonebit_model_loaded 1\n"), "{metrics}");
+    assert_eq!(s.get("/health").0, 200);
+}
+
+/// With a key, every route of a store server but /health wants it, forwarded or not.
+#[test]
+fn a_store_server_with_a_key_locks_every_route_but_health() {
+    let (_dir, llama) = tiny();
+    let qwen = common::fixture("tiny-qwen3");
+    let s = Server::start_store(&[&llama, &qwen], &["--ctx-len", "128", "--api-key", "k3y"]);
+    assert_eq!(s.get("/health").0, 200);
+    for path in [
+        "/v1/models",
+        "/api/tags",
+        "/api/ps",
+        "/metrics",
+        "/v1/models/tiny-qwen3",
+    ] {
+        assert_eq!(s.get(path).0, 401, "{path}");
+    }
+    let (st, _) = s.post("/v1/chat/completions", &chat("Hello", 2));
+    assert_eq!(st, 401);
+    assert_eq!(s.get("/api/ps").0, 401);
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth("k3y")
+        .json(&chat("Hello", 2))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

@@ -85,13 +85,18 @@ fn main() -> ExitCode {
             by_name(&mut args.target.model).and_then(|_| perplexity::run(&args))
         }
         Command::Doctor(args) => doctor::run(&args),
-        Command::Serve(mut args) => by_name(&mut args.model_dir).and_then(|name| {
-            // A stored model is served under its name (`smollm2:135m`), as Ollama does.
-            if args.alias.is_none() {
-                args.alias = name.map(|n| n.to_string());
+        Command::Serve(mut args) => match args.model_dir.as_mut().map(by_name) {
+            Some(Err(e)) => Err(e),
+            Some(Ok(name)) => {
+                // A stored model is served under its name (`smollm2:135m`), as Ollama does.
+                if args.alias.is_none() {
+                    args.alias = name.map(|n| n.to_string());
+                }
+                serve::run(&args)
             }
-            serve::run(&args)
-        }),
+            // No model: the whole store, by name.
+            None => serve::run(&args),
+        },
         Command::Pull(args) => store::pull(&args),
         Command::List(args) => store::list(&args),
         Command::Rm(args) => store::rm(&args),

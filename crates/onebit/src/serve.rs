@@ -1,19 +1,25 @@
-//! `onebit serve MODEL_DIR`: the flags, parsed into [`onebit_serve::ServeOptions`]; the
-//! server itself is the `onebit-serve` crate.
+//! `onebit serve [MODEL]`: the flags, parsed into [`onebit_serve::ServeOptions`]; the
+//! server itself is the `onebit-serve` crate. Without a model it serves every model of
+//! the store by name, each loaded on its first request.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use onebit_engine::{ContextLen, DrafterConfig};
+use onebit_engine::{ContextLen, DrafterConfig, EngineConfig};
+use onebit_serve::ServedModel;
 
 use crate::run::TargetArgs;
+use crate::store::Store;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// The target package directory (config.json, model.q4nx, tokenizer.json).
-    pub model_dir: PathBuf,
+    /// The target package directory (config.json, model.q4nx, tokenizer.json) or a
+    /// stored model's name. Without one: every model of the store (`onebit list`), by
+    /// name, each loaded on its first request.
+    #[arg(value_name = "MODEL")]
+    pub model_dir: Option<PathBuf>,
     /// A DFlash draft package: decode speculatively (same text as without it).
     #[arg(long)]
     pub draft: Option<PathBuf>,
@@ -99,16 +105,56 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         Some(k) => Some(k.clone()),
         None => std::env::var("ONEBIT_API_KEY").ok(),
     };
-    let name = args
-        .alias
-        .clone()
-        .unwrap_or_else(|| onebit_engine::model_name(&args.model_dir));
-    let aliases = vec![
-        args.model_dir.display().to_string(),
-        onebit_engine::model_name(&args.model_dir),
-    ];
+    let ctx_len = args.ctx_len.map_or(ContextLen::Auto, ContextLen::AtMost);
+    let (engine, name, aliases, store) = match &args.model_dir {
+        Some(dir) => {
+            let name = args
+                .alias
+                .clone()
+                .unwrap_or_else(|| onebit_engine::model_name(dir));
+            let aliases = vec![dir.display().to_string(), onebit_engine::model_name(dir)];
+            (
+                engine_config(args, dir, ctx_len)?,
+                name,
+                aliases,
+                Vec::new(),
+            )
+        }
+        None => {
+            let store = stored_models(args, ctx_len)?;
+            let first = &store[0];
+            (first.engine.clone(), first.name.clone(), Vec::new(), store)
+        }
+    };
+    let port = match (args.port, std::env::var("FLM_SERVE_PORT")) {
+        (Some(p), _) => p,
+        (None, Ok(v)) => v
+            .parse()
+            .with_context(|| format!("serve: FLM_SERVE_PORT={v:?} is not a port number"))?,
+        (None, Err(_)) => 52625,
+    };
+    let mut options = onebit_serve::ServeOptions::new(engine, name);
+    options.aliases = aliases;
+    options.store = store;
+    options.host = args.host.clone();
+    options.port = port;
+    options.q_len = args.q_len;
+    options.parallel = args.parallel;
+    options.quiet = args.quiet;
+    options.api_key = api_key;
+    options.cors = args.cors.clone();
+    options.debug = onebit_serve::DebugDelays {
+        token: Duration::from_millis(args.debug_token_delay_ms),
+        load: Duration::from_millis(args.debug_load_delay_ms),
+        tokenize: Duration::from_millis(args.debug_tokenize_delay_ms),
+    };
+    onebit_serve::serve(options)
+}
+
+/// How the model in `dir` loads with the flags of `args`.
+fn engine_config(args: &ServeArgs, dir: &Path, ctx_len: ContextLen) -> Result<EngineConfig> {
     let target = TargetArgs {
-        model: args.model_dir.clone(),
+        model: dir.to_path_buf(),
         threads: args.threads,
         head: crate::run::HeadArg::Auto,
         kernel: crate::run::KernelArg::Auto,
@@ -133,27 +179,46 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // value); without it, the model's max_position_embeddings capped by available memory
     // (the engine's rule; the reason printed at load: it decides which requests are
     // refused).
-    engine.ctx_len = args.ctx_len.map_or(ContextLen::Auto, ContextLen::AtMost);
-    let port = match (args.port, std::env::var("FLM_SERVE_PORT")) {
-        (Some(p), _) => p,
-        (None, Ok(v)) => v
-            .parse()
-            .with_context(|| format!("serve: FLM_SERVE_PORT={v:?} is not a port number"))?,
-        (None, Err(_)) => 52625,
-    };
-    let mut options = onebit_serve::ServeOptions::new(engine, name);
-    options.aliases = aliases;
-    options.host = args.host.clone();
-    options.port = port;
-    options.q_len = args.q_len;
-    options.parallel = args.parallel;
-    options.quiet = args.quiet;
-    options.api_key = api_key;
-    options.cors = args.cors.clone();
-    options.debug = onebit_serve::DebugDelays {
-        token: Duration::from_millis(args.debug_token_delay_ms),
-        load: Duration::from_millis(args.debug_load_delay_ms),
-        tokenize: Duration::from_millis(args.debug_tokenize_delay_ms),
-    };
-    onebit_serve::serve(options)
+    engine.ctx_len = ctx_len;
+    Ok(engine)
+}
+
+/// Every model of the store, served under its name (`smollm2:135m`); the flags that
+/// belong to one model are refused by name.
+fn stored_models(args: &ServeArgs, ctx_len: ContextLen) -> Result<Vec<ServedModel>> {
+    if args.draft.is_some() {
+        anyhow::bail!(
+            "serve: --draft drafts for one target: name the model (`onebit serve MODEL --draft DIR`)"
+        );
+    }
+    if args.alias.is_some() {
+        anyhow::bail!(
+            "serve: --alias names one model: name the model (`onebit serve MODEL --alias NAME`)"
+        );
+    }
+    let store = Store::open()?;
+    let models = store.models()?;
+    if models.is_empty() {
+        anyhow::bail!(
+            "serve: no model to serve: the store ({}) is empty; `onebit pull smollm2` fetches one, or name a package directory (`onebit serve DIR`)",
+            store.root().display()
+        );
+    }
+    // `smollm2` names `smollm2:135m` when the store holds no other tag of it (as
+    // `onebit run smollm2` finds it).
+    let tags_of = |model: &str| models.iter().filter(|(n, _, _)| n.model == model).count();
+    models
+        .iter()
+        .map(|(name, dir, _)| {
+            Ok(ServedModel {
+                engine: engine_config(args, dir, ctx_len)?,
+                aliases: if tags_of(&name.model) == 1 {
+                    vec![name.model.clone()]
+                } else {
+                    Vec::new()
+                },
+                name: name.to_string(),
+            })
+        })
+        .collect()
 }

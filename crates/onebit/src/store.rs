@@ -205,6 +205,11 @@ impl Store {
         Ok(Store { root })
     }
 
+    /// The store's root directory (for messages).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// Where a model's package lives (whether or not it is there).
     pub fn dir(&self, name: &Name) -> PathBuf {
         self.root.join(&name.model).join(&name.tag)

@@ -346,3 +346,55 @@ fn validate_reports_the_machine() {
     assert!(v["memory_total_bytes"].as_u64().unwrap() > 0);
     assert!(v["npu"]["reason"].as_str().is_some());
 }
+
+/// `onebit serve` with no model serves the store: every model by its name (and a model
+/// with one tag by its bare name), none loaded before its first request; an empty store
+/// and the flags that belong to one model are refused by name.
+#[test]
+fn serve_without_a_model_serves_the_store_by_name() {
+    let home = Home::new(json!([]));
+    let err = stderr_of(home.onebit().args(["serve", "--port", "0"]));
+    assert!(
+        err.contains("serve: no model to serve: the store (")
+            && err.contains("is empty; `onebit pull smollm2` fetches one"),
+        "{err}"
+    );
+    for (gguf, name) in [
+        ("tiny-llama/model.Q4_1.gguf", "mine"),
+        ("tiny-qwen3/model.Q4_1.gguf", "qwen:small"),
+    ] {
+        home.onebit()
+            .arg("pull")
+            .arg(fixture(gguf))
+            .args(["--name", name, "--quiet"])
+            .assert()
+            .success();
+    }
+    let err = stderr_of(home.onebit().args(["serve", "--draft", "somewhere"]));
+    assert!(
+        err.contains("serve: --draft drafts for one target: name the model"),
+        "{err}"
+    );
+    let s = common::server::Server::start_model(
+        None,
+        &["--ctx-len", "128"],
+        &[("ONEBIT_HOME", home.dir.path())],
+        true,
+    );
+    let (st, v) = s.get("/v1/models");
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mine:latest", "qwen:small"]);
+    assert_eq!(s.get("/api/ps").1, json!({"models": []}));
+    for model in ["qwen", "mine"] {
+        let body = json!({"model": model, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0});
+        let (st, v) = s.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{model}: {v}");
+    }
+    assert_eq!(s.get("/api/ps").1["models"].as_array().unwrap().len(), 2);
+}

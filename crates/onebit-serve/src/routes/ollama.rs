@@ -55,6 +55,41 @@ pub(crate) fn model_entry(app: &App, ready: &Ready) -> Value {
     })
 }
 
+/// A model not loaded yet (a server of several loads each on its first request), as
+/// `/api/tags` lists it: the package's size and date, its family from `config.json`.
+pub(crate) fn unloaded_entry(app: &App, dir: &std::path::Path) -> Value {
+    let (size, modified, digest) = package_facts(dir);
+    let family = std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|c| c["model_type"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    json!({
+        "name": app.name,
+        "model": app.name,
+        "modified_at": modified,
+        "size": size,
+        "digest": digest,
+        "details": {
+            "parent_model": "",
+            "format": "q4nx",
+            "family": family,
+            "families": [family],
+            "parameter_size": "",
+            "quantization_level": "Q4_1",
+        },
+    })
+}
+
+/// A loaded model as `/api/ps` lists it.
+pub(crate) fn running_entry(app: &App, ready: &Ready) -> Value {
+    let mut m = model_entry(app, ready);
+    m["expires_at"] = json!("2318-01-01T00:00:00.000000000Z");
+    m["size_vram"] = json!(0);
+    m["context_length"] = json!(ready.engine.ctx_len());
+    m
+}
+
 pub(crate) async fn tags(State(app): State<Arc<App>>) -> Response {
     match app.ready() {
         Ok(r) => axum::Json(json!({"models": [model_entry(&app, r)]})).into_response(),
@@ -64,13 +99,7 @@ pub(crate) async fn tags(State(app): State<Arc<App>>) -> Response {
 
 pub(crate) async fn ps(State(app): State<Arc<App>>) -> Response {
     match app.ready() {
-        Ok(r) => {
-            let mut m = model_entry(&app, r);
-            m["expires_at"] = json!("2318-01-01T00:00:00.000000000Z");
-            m["size_vram"] = json!(0);
-            m["context_length"] = json!(r.engine.ctx_len());
-            axum::Json(json!({"models": [m]})).into_response()
-        }
+        Ok(r) => axum::Json(json!({"models": [running_entry(&app, r)]})).into_response(),
         Err(e) => error_response(&e, true),
     }
 }

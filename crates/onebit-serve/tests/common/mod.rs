@@ -119,6 +119,38 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Starts a server of several models (as `onebit serve` with no model serves the
+    /// store): each of `models` under its package directory's name, loaded on its first
+    /// request; `args` as for [`Server::start`], applied to each.
+    pub fn start_store(models: &[&Path], args: &[&str]) -> Server {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = {
+            let log = log.clone();
+            Log::to(move |line| log.lock().unwrap().push(line.to_string()))
+        };
+        let mut o = options(models[0], args, sink.clone());
+        o.store = models
+            .iter()
+            .map(|m| {
+                let one = options(m, args, sink.clone());
+                onebit_serve::ServedModel {
+                    engine: one.engine,
+                    name: one.name,
+                    aliases: one.aliases,
+                }
+            })
+            .collect();
+        let running = onebit_serve::start(o).unwrap();
+        let server = Server {
+            http: HttpServer::new(format!("http://{}", running.addr()), log),
+            running,
+        };
+        server.wait_ready();
+        server
+    }
+}
+
 impl std::ops::Deref for Server {
     type Target = HttpServer;
 

@@ -29,9 +29,19 @@ impl Server {
         env: &[(&str, &Path)],
         wait_ready: bool,
     ) -> Server {
+        Server::start_model(Some(model), args, env, wait_ready)
+    }
+
+    /// [`Server::start_env`], also with no model (`onebit serve` serves the store).
+    pub fn start_model(
+        model: Option<&Path>,
+        args: &[&str],
+        env: &[(&str, &Path)],
+        wait_ready: bool,
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_onebit"))
             .arg("serve")
-            .arg(model)
+            .args(model)
             .args(["--port", "0", "--threads", "1"])
             .args(args)
             .envs(env.iter().copied())
