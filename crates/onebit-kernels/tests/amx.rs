@@ -16,7 +16,14 @@ fn tile_from(bytes: &[u8]) -> Tile {
 /// logical K × N matrix has element `(kk, n)` at byte `4n + kk mod 4` of row `kk / 4`;
 /// sums in i64, then wrapped to i32 as the dword accumulator wraps.
 fn defined(op: Dot, a: &Tile, b: &Tile, c: &Tile) -> Tile {
-    let (a_signed, b_signed) = op.signed();
+    // The instructions' operand types, stated here (from Intel's SDM) rather than read
+    // from `Dot::signed`, which the emulator uses: a wrong entry there must show.
+    let (a_signed, b_signed) = match op {
+        Dot::Ssd => (true, true),   // tdpbssd
+        Dot::Sud => (true, false),  // tdpbsud
+        Dot::Usd => (false, true),  // tdpbusd
+        Dot::Uud => (false, false), // tdpbuud
+    };
     let value = |v: u8, signed: bool| if signed { v as i8 as i64 } else { v as i64 };
     let mut out = [[0u8; 64]; 16];
     for m in 0..16 {

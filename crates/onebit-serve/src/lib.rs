@@ -178,7 +178,6 @@ struct App {
     token_delay: Duration,
     sse_keep_alive: Duration,
     tokenize_delay: Duration,
-    started: Instant,
     created: u64,
     /// `--api-key`: required of every route but /health.
     api_key: Option<String>,
@@ -353,6 +352,7 @@ async fn run(
 
 /// Loads `config` into `app` with `parallel` sessions, and says so.
 fn load_model(app: &App, config: &EngineConfig, parallel: usize) -> Result<()> {
+    let began = Instant::now();
     let engine = Engine::load(config)?;
     if let Some(note) = engine.context_note() {
         app.log(&format!("onebit: {note}"));
@@ -365,7 +365,7 @@ fn load_model(app: &App, config: &EngineConfig, parallel: usize) -> Result<()> {
     app.log(&format!(
         "onebit serve: {} ready in {:.2} s (ctx {ctx}, parallel {parallel}, queue {}, drafter {drafter}, {} threads, {} precision, {} kernel)",
         app.name,
-        app.started.elapsed().as_secs_f64(),
+        began.elapsed().as_secs_f64(),
         app.q_len,
         info.threads,
         info.precision.name(),
@@ -394,7 +394,6 @@ impl App {
             token_delay: options.debug.token,
             sse_keep_alive: options.sse_keep_alive,
             tokenize_delay: options.debug.tokenize,
-            started: Instant::now(),
             created: encode::unix_now(),
             api_key: options.api_key.clone(),
             metrics: metrics.clone(),
