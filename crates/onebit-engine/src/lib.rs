@@ -302,6 +302,12 @@ pub struct ModelFacts {
 }
 
 impl ModelFacts {
+    /// The facts of the package in `dir` from its `config.json` alone (the weights are
+    /// not opened): what a server lists for a model before it loads.
+    pub fn read(dir: &Path) -> Result<ModelFacts> {
+        Ok(ModelFacts::of(&npu_runtime::TargetConfig::read(dir)?))
+    }
+
     fn of(c: &npu_runtime::TargetConfig) -> ModelFacts {
         let (h, i, v) = (
             c.hidden_size as u64,

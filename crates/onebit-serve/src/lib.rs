@@ -417,15 +417,7 @@ impl App {
                 batch_members: r.engine.batch_members(),
                 idle_kv_bytes: r.idle_kv_bytes(),
             },
-            None => metrics::Gauges {
-                queue_depth: 0,
-                active_sessions: 0,
-                sessions: 0,
-                ready: false,
-                batch: None,
-                batch_members: 0,
-                idle_kv_bytes: None,
-            },
+            None => metrics::Gauges::default(),
         }
     }
 

@@ -95,7 +95,9 @@ impl Default for Metrics {
     }
 }
 
-/// What the exposition reads at the moment of a scrape, besides the counters.
+/// What the exposition reads at the moment of a scrape, besides the counters (the
+/// default: a model not loaded).
+#[derive(Default)]
 pub(crate) struct Gauges {
     /// Requests waiting for a session.
     pub queue_depth: usize,
@@ -118,15 +120,7 @@ impl Gauges {
     /// model is loaded, the shared passes' counters added (the widest pass the widest
     /// of any).
     pub fn sum(all: impl IntoIterator<Item = Gauges>) -> Gauges {
-        let mut total = Gauges {
-            queue_depth: 0,
-            active_sessions: 0,
-            sessions: 0,
-            ready: false,
-            batch: None,
-            batch_members: 0,
-            idle_kv_bytes: None,
-        };
+        let mut total = Gauges::default();
         for g in all {
             total.queue_depth += g.queue_depth;
             total.active_sessions += g.active_sessions;

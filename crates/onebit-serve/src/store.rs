@@ -20,7 +20,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use onebit_engine::EngineConfig;
+use onebit_engine::{EngineConfig, ModelFacts};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -37,6 +37,8 @@ struct Model {
     app: Arc<App>,
     routes: Router,
     engine: EngineConfig,
+    /// Read from its `config.json` once, for the listings before it loads.
+    facts: Option<ModelFacts>,
     parallel: usize,
     /// Held while the model loads: the requests that wait for it queue here.
     loading: tokio::sync::Mutex<()>,
@@ -56,6 +58,7 @@ impl Front {
             .map(|(app, m)| Model {
                 routes: uncounted_router(app.clone()),
                 app,
+                facts: ModelFacts::read(&m.engine.model).ok(),
                 engine: m.engine.clone(),
                 parallel: options.parallel,
                 loading: tokio::sync::Mutex::new(()),
@@ -179,7 +182,7 @@ async fn tags(State(front): State<Arc<Front>>) -> Response {
         .iter()
         .map(|m| match m.app.ready.get() {
             Some(ready) => ollama::model_entry(&m.app, ready),
-            None => ollama::unloaded_entry(&m.app, &m.engine.model),
+            None => ollama::unloaded_entry(&m.app, &m.engine.model, m.facts.as_ref()),
         })
         .collect();
     axum::Json(json!({"models": entries})).into_response()

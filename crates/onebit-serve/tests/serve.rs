@@ -2186,13 +2186,10 @@ fn a_store_server_lists_every_model_and_loads_each_on_its_first_request() {
     // Listed before any loads; none running yet.
     let (st, v) = s.get("/v1/models");
     assert_eq!(st, 200, "{v}");
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["tiny-llama", "tiny-qwen3"]);
+    assert_eq!(
+        test_support::strings_of(&v["data"], "id"),
+        ["tiny-llama", "tiny-qwen3"]
+    );
     let (st, v) = s.get("/api/tags");
     assert_eq!(st, 200, "{v}");
     let tags = v["models"].as_array().unwrap();
@@ -2209,13 +2206,11 @@ fn a_store_server_lists_every_model_and_loads_each_on_its_first_request() {
     let (st, from_store) = s.post("/v1/completions", &prompt);
     assert_eq!(st, 200, "{from_store}");
     let ps = s.get("/api/ps").1;
-    let running: Vec<&str> = ps["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(running, ["tiny-qwen3"], "only the model asked for loads");
+    assert_eq!(
+        test_support::strings_of(&ps["models"], "name"),
+        ["tiny-qwen3"],
+        "only the model asked for loads"
+    );
     s.wait_log("tiny-qwen3 ready", 1);
     let alone = Server::start(&qwen, &["--ctx-len", "128"], true);
     let (st, from_alone) = alone.post("/v1/completions", &prompt);

@@ -149,12 +149,7 @@ fn bench_runs_adaptive_k_then_sweeps_k_for_a_draft() {
         .output()
         .unwrap();
     let v = json_of(out);
-    let rules: Vec<&str> = v["speculative"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["k_rule"].as_str().unwrap())
-        .collect();
+    let rules = test_support::strings_of(&v["speculative"], "k_rule");
     assert_eq!(
         rules[0], "adaptive k <= 7",
         "adaptive k first, as `run` decodes"

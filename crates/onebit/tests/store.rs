@@ -383,13 +383,10 @@ fn serve_without_a_model_serves_the_store_by_name() {
     );
     let (st, v) = s.get("/v1/models");
     assert_eq!(st, 200, "{v}");
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["mine:latest", "qwen:small"]);
+    assert_eq!(
+        test_support::strings_of(&v["data"], "id"),
+        ["mine:latest", "qwen:small"]
+    );
     assert_eq!(s.get("/api/ps").1, json!({"models": []}));
     for model in ["qwen", "mine"] {
         let body = json!({"model": model, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0});

@@ -16,6 +16,20 @@ pub mod http;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// The string `key` of each object in the JSON array `list` (a listing's ids or names),
+/// in order; panics, naming the key and the value, where either is missing.
+pub fn strings_of<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a JSON array: {list}"))
+        .iter()
+        .map(|item| {
+            item[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("no string '{key}' in {item}"))
+        })
+        .collect()
+}
+
 /// The environment variable naming the skip log.
 pub const SKIP_LOG_ENV: &str = "ONEBIT_SKIP_LOG";
 

@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use onebit_engine::ModelFacts;
 use serde_json::{json, Value};
 
 use crate::encode;
@@ -33,52 +34,53 @@ pub(crate) fn package_facts(dir: &std::path::Path) -> (u64, String, String) {
 
 /// Ollama's `details` of the served model.
 pub(crate) fn details(ready: &Ready) -> Value {
-    let facts = ready.engine.facts();
+    details_of(Some(&ready.engine.facts()))
+}
+
+/// Ollama's `details` of a model with these facts (unknown: empty).
+fn details_of(facts: Option<&ModelFacts>) -> Value {
+    let family = facts.map_or("", |f| f.family.as_str());
     json!({
         "parent_model": "",
         "format": "q4nx",
-        "family": facts.family,
-        "families": [facts.family],
-        "parameter_size": facts.parameter_size(),
+        "family": family,
+        "families": [family],
+        "parameter_size": facts.map(ModelFacts::parameter_size).unwrap_or_default(),
         "quantization_level": "Q4_1",
     })
 }
 
-pub(crate) fn model_entry(app: &App, ready: &Ready) -> Value {
-    json!({
-        "name": app.name,
-        "model": app.name,
-        "modified_at": ready.modified,
-        "size": ready.package_bytes,
-        "digest": ready.digest,
-        "details": details(ready),
-    })
-}
-
-/// A model not loaded yet (a server of several loads each on its first request), as
-/// `/api/tags` lists it: the package's size and date, its family from `config.json`.
-pub(crate) fn unloaded_entry(app: &App, dir: &std::path::Path) -> Value {
-    let (size, modified, digest) = package_facts(dir);
-    let family = std::fs::read(dir.join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|c| c["model_type"].as_str().map(str::to_string))
-        .unwrap_or_default();
+/// A model's `/api/tags` entry from its package's facts ([`package_facts`]).
+fn entry(app: &App, (size, modified, digest): (u64, &str, &str), details: Value) -> Value {
     json!({
         "name": app.name,
         "model": app.name,
         "modified_at": modified,
         "size": size,
         "digest": digest,
-        "details": {
-            "parent_model": "",
-            "format": "q4nx",
-            "family": family,
-            "families": [family],
-            "parameter_size": "",
-            "quantization_level": "Q4_1",
-        },
+        "details": details,
     })
+}
+
+pub(crate) fn model_entry(app: &App, ready: &Ready) -> Value {
+    let facts = (
+        ready.package_bytes,
+        ready.modified.as_str(),
+        ready.digest.as_str(),
+    );
+    entry(app, facts, details(ready))
+}
+
+/// A model not loaded yet (a server of several loads each on its first request), as
+/// `/api/tags` lists it: the package's size and date, and `facts` read from its
+/// `config.json` (`None` when it could not be read: the load will say why).
+pub(crate) fn unloaded_entry(
+    app: &App,
+    dir: &std::path::Path,
+    facts: Option<&ModelFacts>,
+) -> Value {
+    let (size, modified, digest) = package_facts(dir);
+    entry(app, (size, &modified, &digest), details_of(facts))
 }
 
 /// A loaded model as `/api/ps` lists it.

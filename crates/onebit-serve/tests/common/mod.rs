@@ -102,12 +102,39 @@ impl Server {
     /// Starts a server on `model` with `onebit serve`'s flags `args` and (unless
     /// `wait_ready` is false) waits for `/health` to say 200.
     pub fn start(model: &Path, args: &[&str], wait_ready: bool) -> Server {
+        Server::launch(|log| options(model, args, log), wait_ready)
+    }
+
+    /// Starts a server of several models (as `onebit serve` with no model serves the
+    /// store): each of `models` under its package directory's name, loaded on its first
+    /// request; `args` as for [`Server::start`], applied to each.
+    pub fn start_store(models: &[&Path], args: &[&str]) -> Server {
+        let store = |log: Log| {
+            let mut o = options(models[0], args, log.clone());
+            o.store = models
+                .iter()
+                .map(|m| {
+                    let one = options(m, args, log.clone());
+                    onebit_serve::ServedModel {
+                        engine: one.engine,
+                        name: one.name,
+                        aliases: one.aliases,
+                    }
+                })
+                .collect();
+            o
+        };
+        Server::launch(store, true)
+    }
+
+    /// Starts the server `options` describes, its log lines collected.
+    fn launch(options: impl FnOnce(Log) -> ServeOptions, wait_ready: bool) -> Server {
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = {
             let log = log.clone();
             Log::to(move |line| log.lock().unwrap().push(line.to_string()))
         };
-        let running = onebit_serve::start(options(model, args, sink)).unwrap();
+        let running = onebit_serve::start(options(sink)).unwrap();
         let server = Server {
             http: HttpServer::new(format!("http://{}", running.addr()), log),
             running,
@@ -115,38 +142,6 @@ impl Server {
         if wait_ready {
             server.wait_ready();
         }
-        server
-    }
-}
-
-impl Server {
-    /// Starts a server of several models (as `onebit serve` with no model serves the
-    /// store): each of `models` under its package directory's name, loaded on its first
-    /// request; `args` as for [`Server::start`], applied to each.
-    pub fn start_store(models: &[&Path], args: &[&str]) -> Server {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = {
-            let log = log.clone();
-            Log::to(move |line| log.lock().unwrap().push(line.to_string()))
-        };
-        let mut o = options(models[0], args, sink.clone());
-        o.store = models
-            .iter()
-            .map(|m| {
-                let one = options(m, args, sink.clone());
-                onebit_serve::ServedModel {
-                    engine: one.engine,
-                    name: one.name,
-                    aliases: one.aliases,
-                }
-            })
-            .collect();
-        let running = onebit_serve::start(o).unwrap();
-        let server = Server {
-            http: HttpServer::new(format!("http://{}", running.addr()), log),
-            running,
-        };
-        server.wait_ready();
         server
     }
 }
