@@ -905,6 +905,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "store-server-hides-a-failed-load",
+        file: "crates/onebit-serve/src/store.rs",
+        find: "Ok(Err(e)) => format!(\"{e:#}\"),",
+        replace: "Ok(Err(_)) => return Ok(()),",
+        tests: &["-p", "onebit-serve", "--test", "serve", "a_store_model_that_cannot_load"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "store-server-lists-without-the-key",
         file: "crates/onebit-serve/src/store.rs",
         find: "        .fallback(not_found)\n        .layer(axum::middleware::from_fn_with_state(\n            first.clone(),\n            auth::require_key,\n        ));",

@@ -2295,3 +2295,41 @@ fn a_store_server_with_a_key_locks_every_route_but_health() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// A stored model that cannot load is a 500 naming it and its package, on each request
+/// for it (each tries again); it is still listed, and the other models answer.
+#[test]
+fn a_store_model_that_cannot_load_is_a_500_naming_it() {
+    let (_dir, llama) = tiny();
+    let broken_dir = tempfile::tempdir().unwrap();
+    let broken = broken_dir.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    let qwen = common::fixture("tiny-qwen3");
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(qwen.join(file), broken.join(file)).unwrap();
+    }
+    // The container cut short: the load refuses it.
+    let weights = std::fs::read(qwen.join("model.q4nx")).unwrap();
+    std::fs::write(broken.join("model.q4nx"), &weights[..weights.len() / 2]).unwrap();
+    let s = Server::start_store(&[&llama, &broken], &["--ctx-len", "128"]);
+    assert_eq!(
+        test_support::strings_of(&s.get("/v1/models").1["data"], "id"),
+        ["tiny-llama", "broken"]
+    );
+    let ask = json!({"model": "broken", "prompt": "Once", "max_tokens": 2});
+    for _ in 0..2 {
+        let e = assert_error(
+            s.post("/v1/completions", &ask),
+            500,
+            &format!(
+                "serve: cannot load the model broken ({}): ",
+                broken.display()
+            ),
+        );
+        assert_eq!(e["type"], "server_error", "{e}");
+    }
+    s.wait_log("loading broken", 2);
+    assert_eq!(s.get("/api/ps").1, json!({"models": []}));
+    let (st, v) = s.post("/v1/chat/completions", &chat("Hello", 2));
+    assert_eq!(st, 200, "{v}");
+}

@@ -375,6 +375,11 @@ fn serve_without_a_model_serves_the_store_by_name() {
         err.contains("serve: --draft drafts for one target: name the model"),
         "{err}"
     );
+    let err = stderr_of(home.onebit().args(["serve", "--alias", "x"]));
+    assert!(
+        err.contains("serve: --alias names one model: name the model"),
+        "{err}"
+    );
     let s = common::server::Server::start_model(
         None,
         &["--ctx-len", "128"],
