@@ -210,7 +210,7 @@ fn cargo_target_dir(root: &Path) -> PathBuf {
 }
 
 fn build_onebit(root: &Path) -> Result<PathBuf> {
-    let st = Command::new(env!("CARGO"))
+    let st = crate::cargo_command()
         .args(["build", "--release", "--quiet", "-p", "onebit"])
         .current_dir(root)
         .stdout(Stdio::from(std::io::stderr()))

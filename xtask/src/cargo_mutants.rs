@@ -8,6 +8,7 @@
 //! run); run it nightly or before a release. Missed mutants are listed in
 //! `target/cargo-mutants/out/<crate>/mutants.out/missed.txt`.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -49,7 +50,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // cargo-mutants mutates in place here: a scratch copy beside which `../shared`
     // resolves, never the working tree.
     let base = root.join("target/cargo-mutants");
-    let ws = crate::mutants::scratch_workspace(&root, &base)?;
+    let ws = scratch_workspace(&root, &base)?;
     let mut summary = Vec::new();
     for krate in &crates {
         let out = base.join("out").join(krate);
@@ -123,4 +124,104 @@ fn ensure_installed() -> Result<()> {
         bail!("cargo-mutants: `cargo install cargo-mutants` failed");
     }
     Ok(())
+}
+
+/// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`
+/// linked to the reference fixtures (tests find them at `../shared`). Only changed
+/// files are rewritten, so builds there stay incremental.
+fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
+    let ws = base.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let shared_link = base.join("shared");
+    if !shared_link.exists() {
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(
+            root.join("../shared")
+                .canonicalize()
+                .context("cargo-mutants: ../shared is missing")?,
+            &shared_link,
+        )?;
+    }
+    copy_tree(root, &ws)?;
+    Ok(ws)
+}
+
+fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
+    let out = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .context("mutants: git ls-files")?;
+    if !out.status.success() {
+        bail!("mutants: git ls-files failed");
+    }
+    for rel in out.stdout.split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let rel = std::str::from_utf8(rel)?;
+        let (src, dst) = (root.join(rel), dest.join(rel));
+        if !src.exists() {
+            continue;
+        }
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        // Only rewrite changed files, so the scratch build stays incremental. A file new
+        // to the scratch keeps the tree's mtime; a file that changed is stamped now, so
+        // its crate rebuilds.
+        match std::fs::read(&dst).ok() {
+            Some(old) if old == std::fs::read(&src)? => {}
+            Some(_) => {
+                std::fs::copy(&src, &dst)?;
+            }
+            None => {
+                std::fs::copy(&src, &dst)?;
+                let modified = std::fs::metadata(&src)?.modified()?;
+                std::fs::File::options()
+                    .write(true)
+                    .open(&dst)?
+                    .set_modified(modified)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tracked file new to the scratch keeps the tree's mtime; one whose content
+    /// changed is stamped anew (so it rebuilds).
+    #[test]
+    fn the_scratch_keeps_mtimes_of_new_files_and_stamps_changed_ones() {
+        let tree = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let ok = Command::new("git")
+                .args(args)
+                .current_dir(tree.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        let src = tree.path().join("a.rs");
+        std::fs::write(&src, "one").unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&src)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        git(&["add", "a.rs"]);
+        let scratch = tempfile::tempdir().unwrap();
+        copy_tree(tree.path(), scratch.path()).unwrap();
+        let copy = scratch.path().join("a.rs");
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert_eq!(mtime(&copy), old);
+        std::fs::write(&src, "two").unwrap();
+        copy_tree(tree.path(), scratch.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), "two");
+        assert!(mtime(&copy) > old);
+    }
 }

@@ -229,7 +229,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Some(bin) => std::path::PathBuf::from(bin),
         None => {
             println!("load-test: building onebit (release)");
-            let ok = Command::new(env!("CARGO"))
+            let ok = crate::cargo_command()
                 .args(["build", "--release", "--quiet", "-p", "onebit"])
                 .current_dir(&root)
                 .status()?

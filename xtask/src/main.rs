@@ -104,6 +104,31 @@ pub fn shared_fixtures() -> std::path::PathBuf {
     workspace_root().join("../shared/fixtures")
 }
 
+/// The toolchain's cargo, without the variables `cargo run` set for xtask itself
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_*`, `CARGO_CRATE_NAME`, ...). A build script that
+/// reads one of them (ring's does) reruns when its value changes, so a cargo started
+/// with xtask's values rebuilt ring, rustls and reqwest, and the next plain `cargo test`
+/// rebuilt them back (measured: every mutants baseline, and the tests after it).
+pub fn cargo_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+        ]
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+        {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    cmd
+}
+
 /// A command that runs onebit with `args`: the binary `$ONEBIT_BIN` names, or else
 /// `cargo run --release -p onebit`. CI points `ONEBIT_BIN` at the binary its test build
 /// made (`target/debug/onebit`), so that fetch-model's conversion and the demo do not
@@ -117,7 +142,7 @@ where
     let mut cmd = match std::env::var_os("ONEBIT_BIN") {
         Some(bin) => std::process::Command::new(bin),
         None => {
-            let mut c = std::process::Command::new(env!("CARGO"));
+            let mut c = cargo_command();
             c.args(["run", "--quiet", "--release", "-p", "onebit", "--"]);
             c
         }

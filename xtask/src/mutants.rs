@@ -1,17 +1,21 @@
 //! `cargo xtask mutants`: named source mutants that the important tests must catch.
 //!
-//! Each mutant is one textual edit of one file. They are applied, one at a time, to a
-//! scratch copy of the workspace under `target/mutants/ws` (never the working tree),
-//! the tests named for it are run there, and the edit is undone. A mutant is *caught*
-//! when those tests fail (or a test binary crashes). A mutant that does not compile,
-//! or whose anchor vanished, tests nothing: it is *unviable*. A mutant of a code path
-//! this CPU cannot run (its `requires` features are missing) is *not applicable* and
-//! is not run. The run ends with a table and the line
-//! `mutants: N caught, N missed, N unviable, N not applicable`, and fails if any
-//! mutant is missed or unviable.
+//! Each mutant is one textual edit of one file. They are applied, one at a time, to the
+//! working tree itself, the tests named for it are run there with `--workspace` (so the
+//! tree's own test build is theirs: see [`workspace_selection`]), and the edit is undone.
+//! The original text of every edited file is journaled first under
+//! `target/mutants/applied.json`, so an edit never outlives its run: it is undone when its
+//! tests end, when the run fails or is interrupted (Ctrl-C, SIGTERM), and at the start of
+//! the next run if the process died. A mutant is *caught* when those tests fail (or a
+//! test binary crashes). A mutant that does not compile, or whose anchor vanished, tests
+//! nothing: it is *unviable*. A mutant of a code path this CPU cannot run (its
+//! `requires` features are missing) is *not applicable* and is not run. The run ends with
+//! a table and the line `mutants: N caught, N missed, N unviable, N not applicable`, and
+//! fails if any mutant is missed or unviable.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -1104,120 +1108,6 @@ pub const MUTANTS: &[Mutant] = &[
     },
 ];
 
-/// A scratch copy of the workspace's tracked files at `base/ws`, with `base/shared`
-/// linked to the reference fixtures (tests find them at `../shared`). Only changed
-/// files are rewritten, so builds there stay incremental.
-pub fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
-    let ws = base.join("ws");
-    std::fs::create_dir_all(&ws)?;
-    let shared_link = base.join("shared");
-    if !shared_link.exists() {
-        #[cfg(unix)]
-        std::os::unix::fs::symlink(
-            root.join("../shared")
-                .canonicalize()
-                .context("mutants: ../shared is missing")?,
-            &shared_link,
-        )?;
-    }
-    copy_tree(root, &ws)?;
-    Ok(ws)
-}
-
-/// Seeds a scratch target that does not exist yet with the workspace's own test build
-/// (`from`, e.g. `target/debug` after CI's `cargo test`): every unit in `from/.fingerprint`
-/// with its files in `deps/` and `build/`, the workspace's crates included, copies keeping
-/// their mtimes. Cargo names a unit by a hash that does not depend on where the
-/// workspace is (a member's path enters it relative to the workspace root), and the
-/// scratch's sources keep the tree's mtimes ([`scratch_workspace`]), so in the scratch
-/// every unmutated unit is fresh: the baseline builds nothing, and a mutant rebuilds only
-/// its crate, the crates above it and the test binaries of its selection. (A fresh
-/// clone otherwise built the whole workspace a second time here.) Binaries that read
-/// `CARGO_MANIFEST_DIR` or `CARGO_BIN_EXE_*` are rebuilt by cargo anyway: the values
-/// differ in the scratch and rustc's dep-info records them. `incremental/` is not copied.
-/// Returns the files copied (0 when there was nothing to do).
-pub fn seed_scratch_target(from: &Path, to: &Path) -> Result<usize> {
-    if to.exists() || !from.join(".fingerprint").is_dir() {
-        return Ok(0);
-    }
-    // Into a temporary name first, so an interrupted seed leaves no half target.
-    let partial = to.with_extension("seeding");
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)?;
-    }
-    let mut copied = 0;
-    for dir in [".fingerprint", "build", "deps"] {
-        if from.join(dir).is_dir() {
-            copied += copy_all(&from.join(dir), &partial.join(dir))?;
-        }
-    }
-    std::fs::rename(&partial, to)?;
-    Ok(copied)
-}
-
-/// Copies a file or a directory tree; returns the files copied.
-fn copy_all(from: &Path, to: &Path) -> Result<usize> {
-    if from.is_dir() {
-        std::fs::create_dir_all(to)?;
-        let mut n = 0;
-        for entry in std::fs::read_dir(from)? {
-            let entry = entry?;
-            n += copy_all(&entry.path(), &to.join(entry.file_name()))?;
-        }
-        Ok(n)
-    } else {
-        std::fs::copy(from, to)
-            .with_context(|| format!("mutants: seeding: cannot copy {}", from.display()))?;
-        // Cargo takes a unit whose dependency's output is newer than its own for stale:
-        // copies stamped "now" in copying order would rebuild everything.
-        let modified = std::fs::metadata(from)?.modified()?;
-        std::fs::File::options()
-            .write(true)
-            .open(to)?
-            .set_modified(modified)?;
-        Ok(1)
-    }
-}
-
-fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z"])
-        .current_dir(root)
-        .output()
-        .context("mutants: git ls-files")?;
-    if !out.status.success() {
-        bail!("mutants: git ls-files failed");
-    }
-    for rel in out.stdout.split(|&b| b == 0).filter(|s| !s.is_empty()) {
-        let rel = std::str::from_utf8(rel)?;
-        let (src, dst) = (root.join(rel), dest.join(rel));
-        if !src.exists() {
-            continue;
-        }
-        if let Some(parent) = dst.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        // Only rewrite changed files, so the scratch build stays incremental. A file new
-        // to the scratch keeps the tree's mtime, so that a seeded target's units built
-        // from it are fresh; a file that changed is stamped now, so its crate rebuilds.
-        match std::fs::read(&dst).ok() {
-            Some(old) if old == std::fs::read(&src)? => {}
-            Some(_) => {
-                std::fs::copy(&src, &dst)?;
-            }
-            None => {
-                std::fs::copy(&src, &dst)?;
-                let modified = std::fs::metadata(&src)?.modified()?;
-                std::fs::File::options()
-                    .write(true)
-                    .open(&dst)?
-                    .set_modified(modified)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// How a test run ended.
 #[derive(Debug, PartialEq)]
 enum Outcome {
@@ -1302,6 +1192,13 @@ fn run_limited(mut cmd: Command, limit: Duration) -> Result<Finished> {
             kill_group(child.id());
             break child.wait()?;
         }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            // The child has a process group of its own, so the terminal's Ctrl-C did not
+            // reach it: stop it here; the caller's `Applied` then restores the tree.
+            kill_group(child.id());
+            let _ = child.wait();
+            bail!("mutants: interrupted");
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     Ok(Finished {
@@ -1325,34 +1222,78 @@ fn kill_group(pgid: u32) {
 /// const evaluation, a baseline that hangs): it is stopped and reported.
 const STUCK: Duration = Duration::from_secs(3600);
 
-/// The scratch workspace. It builds with the workspace's own test profile (no
-/// `--config` of its own), so that the units seeded from the tree's test build are its
-/// units.
-struct Scratch {
-    ws: PathBuf,
+/// A mutant's `cargo test` arguments as run: every `-p PACKAGE` gives way to
+/// `--workspace`, the target flags and test filters stay. With `-p`, cargo unifies the
+/// features of third-party crates over the selected packages only, so each distinct
+/// selection built its own copy of serde, tokio, syn... (measured: 55–77 s for one
+/// selection after the workspace's test build); with `--workspace` every selection uses
+/// the units of the tree's own test build (`cargo test --workspace`, which CI has just
+/// run), and a mutant rebuilds only its crate, those above it and the selected test
+/// binaries. A target name two packages share (`--test reference`) then runs in both:
+/// more tests, never fewer. The catalogue keeps its `-p` for the reader and for
+/// [`named_targets`]' check that each target exists.
+fn workspace_selection<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = vec!["--workspace"];
+    let mut it = args.iter();
+    while let Some(&arg) = it.next() {
+        if arg == "--" {
+            out.push(arg);
+            out.extend(it.by_ref());
+            break;
+        }
+        if arg == "-p" {
+            it.next();
+            continue;
+        }
+        out.push(arg);
+    }
+    out
 }
 
-fn cargo(scratch: &Scratch, args: &[&str], no_run: bool) -> Command {
-    let mut cmd = Command::new(env!("CARGO"));
+fn cargo(root: &Path, args: &[&str], no_run: bool) -> Command {
+    let mut cmd = crate::cargo_command();
     cmd.arg("test").arg("--no-fail-fast");
     if no_run {
         cmd.arg("--no-run");
     }
-    cmd.args(args)
-        .current_dir(&scratch.ws)
-        .env("CARGO_TARGET_DIR", scratch.ws.join("target"));
+    // proptest saves a failing case beside its test (`tests/*.proptest-regressions`):
+    // a mutant's failures must not land in the tree.
+    cmd.args(workspace_selection(args))
+        .current_dir(root)
+        .env("PROPTEST_DISABLE_FAILURE_PERSISTENCE", "1");
     cmd
+}
+
+/// The tree's untracked, unignored files (`git ls-files --others --exclude-standard`).
+fn untracked(root: &Path) -> Result<std::collections::BTreeSet<String>> {
+    let out = Command::new("git")
+        .args(["ls-files", "-z", "--others", "--exclude-standard"])
+        .current_dir(root)
+        .output()
+        .context("mutants: git ls-files")?;
+    if !out.status.success() {
+        bail!(
+            "mutants: git ls-files --others failed in {}",
+            root.display()
+        );
+    }
+    Ok(out
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect())
 }
 
 /// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within
 /// `limit`: only the run is timed, so a slow rebuild is never taken for a hang.
-fn cargo_test(ws: &Scratch, args: &[&str], limit: Duration) -> Result<(Outcome, f64)> {
+fn cargo_test(root: &Path, args: &[&str], limit: Duration) -> Result<(Outcome, f64)> {
     // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
-    let build = run_limited(cargo(ws, args, true), STUCK)?;
+    let build = run_limited(cargo(root, args, true), STUCK)?;
     if build.timed_out || !build.success {
         return Ok((Outcome::Unviable, build.secs));
     }
-    let run = run_limited(cargo(ws, args, false), limit)?;
+    let run = run_limited(cargo(root, args, false), limit)?;
     if run.timed_out {
         return Ok((Outcome::TimedOut, run.secs));
     }
@@ -1592,18 +1533,14 @@ pub fn run(args: &[String]) -> Result<()> {
         t
     };
     let root = crate::workspace_root();
-    let ws = scratch_workspace(&root, &root.join("target/mutants"))?;
-    let own_target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let seeded = seed_scratch_target(&own_target.join("debug"), &ws.join("target/debug"))?;
-    let scratch = Scratch { ws: ws.clone() };
-    if seeded > 0 {
-        println!(
-            "mutants: seeded the scratch target with {seeded} files of the test build in {}",
-            own_target.join("debug").display()
-        );
+    let journal = root.join("target/mutants/applied.json");
+    let undone = restore_journaled(&journal)?;
+    if undone > 0 {
+        println!("mutants: restored {undone} file(s) a previous, interrupted run left mutated");
     }
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+        .context("mutants: cannot install the Ctrl-C handler")?;
+    let untracked_before = untracked(&root)?;
     let mut selected: Vec<&Mutant> = MUTANTS
         .iter()
         .filter(|m| only.is_empty() || only.contains(&m.name))
@@ -1640,9 +1577,15 @@ pub fn run(args: &[String]) -> Result<()> {
         if !lacks.is_empty() || baseline.iter().any(|(t, _)| *t == tests) {
             continue;
         }
-        match cargo_test(&scratch, &tests, STUCK)? {
+        let start = Instant::now();
+        match cargo_test(&root, &tests, STUCK)? {
             (Outcome::Passed, secs) => {
-                println!("  {:>6.1} s  cargo test {}", secs, tests.join(" "));
+                println!(
+                    "  {:>6.1} s  cargo test {} (built and run in {:.1} s)",
+                    secs,
+                    tests.join(" "),
+                    start.elapsed().as_secs_f64()
+                );
                 baseline.push((tests, secs));
             }
             (outcome, _) => bail!(
@@ -1652,10 +1595,15 @@ pub fn run(args: &[String]) -> Result<()> {
             ),
         }
     }
+    let total = selected.len();
+    println!("mutants: {total} mutants, one at a time");
     let mut rows: Vec<(String, String, f64)> = Vec::new();
     let mut tally = Tally::default();
     for (m, lacks) in selected.into_iter().zip(missing) {
-        let path: PathBuf = ws.join(m.file);
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("mutants: interrupted");
+        }
+        let path: PathBuf = root.join(m.file);
         let original = std::fs::read_to_string(&path)?;
         if original.matches(m.find).count() != 1 {
             tally.unviable += 1;
@@ -1675,34 +1623,13 @@ pub fn run(args: &[String]) -> Result<()> {
             ));
             continue;
         }
-        std::fs::write(&path, original.replacen(m.find, m.replace, 1))?;
-        let second = match m.also {
-            Some((file, find, replace)) => {
-                let p2 = ws.join(file);
-                let before = std::fs::read_to_string(&p2)?;
-                let current = if file == m.file {
-                    original.replacen(m.find, m.replace, 1)
-                } else {
-                    before.clone()
-                };
-                if current.matches(find).count() != 1 {
-                    std::fs::write(&path, &original)?;
-                    bail!(
-                        "mutants: '{}': second anchor not found exactly once in {file}",
-                        m.name
-                    );
-                }
-                std::fs::write(&p2, current.replacen(find, replace, 1))?;
-                Some((
-                    p2,
-                    if file == m.file {
-                        original.clone()
-                    } else {
-                        before
-                    },
-                ))
-            }
-            None => None,
+        let edits = match edits_of(m, &root, &original)? {
+            Some(edits) => edits,
+            None => bail!(
+                "mutants: '{}': second anchor not found exactly once in {}",
+                m.name,
+                m.also.map_or("", |(file, _, _)| file)
+            ),
         };
         let tests = tests_of(m);
         let base = baseline
@@ -1711,11 +1638,9 @@ pub fn run(args: &[String]) -> Result<()> {
             .map_or(0.0, |(_, secs)| *secs);
         let limit = limit_for(base, factor, min_limit);
         let start = Instant::now();
-        let outcome = cargo_test(&scratch, &tests, limit);
-        std::fs::write(&path, &original)?;
-        if let Some((p2, before)) = second {
-            std::fs::write(p2, before)?;
-        }
+        let mut applied = Applied::apply(&journal, edits)?;
+        let outcome = cargo_test(&root, &tests, limit);
+        applied.restore()?;
         let secs = start.elapsed().as_secs_f64();
         let verdict = match outcome?.0 {
             Outcome::Failed(n) => {
@@ -1740,6 +1665,11 @@ pub fn run(args: &[String]) -> Result<()> {
                 "MISSED".into()
             }
         };
+        println!(
+            "  [{}/{total}] {:<58} {verdict} ({secs:.1} s)",
+            rows.len() + 1,
+            m.name
+        );
         rows.push((m.name.into(), verdict, secs));
     }
     println!("\n{:<58} {:<32} {:>8}", "mutant", "result", "seconds");
@@ -1747,7 +1677,143 @@ pub fn run(args: &[String]) -> Result<()> {
         println!("{name:<58} {verdict:<32} {secs:>8.1}");
     }
     println!("\n{}", tally.line());
+    let left: Vec<String> = untracked(&root)?
+        .difference(&untracked_before)
+        .cloned()
+        .collect();
+    if !left.is_empty() {
+        bail!(
+            "mutants: the mutants' tests left new files in the tree (a test writes beside its \
+             source on failure): {}",
+            left.join(", ")
+        );
+    }
     tally.check()
+}
+
+/// Set by the Ctrl-C / SIGTERM handler: the running tests are stopped and the tree is
+/// restored before the process exits.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// One file's edit: its path, its text before and its text with the mutant.
+type Edit = (PathBuf, String, String);
+
+/// The edits of mutant `m` (its first anchor already found once in `original`, the text
+/// of `m.file`): one per file, the second edit folded in when it is in the same file.
+/// `None` when the second anchor is not found exactly once.
+fn edits_of(m: &Mutant, root: &Path, original: &str) -> Result<Option<Vec<Edit>>> {
+    let path = root.join(m.file);
+    let mutated = original.replacen(m.find, m.replace, 1);
+    let Some((file, find, replace)) = m.also else {
+        return Ok(Some(vec![(path, original.to_string(), mutated)]));
+    };
+    if file == m.file {
+        if mutated.matches(find).count() != 1 {
+            return Ok(None);
+        }
+        let both = mutated.replacen(find, replace, 1);
+        return Ok(Some(vec![(path, original.to_string(), both)]));
+    }
+    let second = root.join(file);
+    let before = std::fs::read_to_string(&second)
+        .with_context(|| format!("mutants: '{}': cannot read {file}", m.name))?;
+    if before.matches(find).count() != 1 {
+        return Ok(None);
+    }
+    let after = before.replacen(find, replace, 1);
+    Ok(Some(vec![
+        (path, original.to_string(), mutated),
+        (second, before, after),
+    ]))
+}
+
+/// A mutant's edits, live in the working tree. The original texts are journaled (and
+/// synced) before any file is touched, and restored by [`Applied::restore`], on drop
+/// (an error, an interruption) or by [`restore_journaled`] at the next run's start.
+struct Applied {
+    journal: PathBuf,
+    originals: Vec<(PathBuf, String)>,
+}
+
+impl Applied {
+    fn apply(journal: &Path, edits: Vec<Edit>) -> Result<Self> {
+        let entries: Vec<serde_json::Value> = edits
+            .iter()
+            .map(|(path, before, _)| serde_json::json!({ "path": path, "text": before }))
+            .collect();
+        if let Some(dir) = journal.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let partial = journal.with_extension("partial");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&partial)?;
+            f.write_all(serde_json::to_string(&entries)?.as_bytes())?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&partial, journal)
+            .with_context(|| format!("mutants: cannot write {}", journal.display()))?;
+        let mut applied = Applied {
+            journal: journal.to_path_buf(),
+            originals: Vec::new(),
+        };
+        for (path, before, after) in edits {
+            // Recorded before the write, so a failed write is still restored.
+            applied.originals.push((path.clone(), before));
+            std::fs::write(&path, after)
+                .with_context(|| format!("mutants: cannot write {}", path.display()))?;
+        }
+        Ok(applied)
+    }
+
+    /// Writes the original texts back and removes the journal.
+    fn restore(&mut self) -> Result<()> {
+        for (path, text) in self.originals.drain(..) {
+            std::fs::write(&path, text)
+                .with_context(|| format!("mutants: cannot restore {}", path.display()))?;
+        }
+        match std::fs::remove_file(&self.journal) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Applied {
+    fn drop(&mut self) {
+        if !self.originals.is_empty() {
+            if let Err(e) = self.restore() {
+                eprintln!(
+                    "mutants: {e:#}; the journal {} keeps the original text",
+                    self.journal.display()
+                );
+            }
+        }
+    }
+}
+
+/// Restores the files a journal left by an interrupted run lists; returns how many.
+fn restore_journaled(journal: &Path) -> Result<usize> {
+    let text = match std::fs::read_to_string(journal) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| format!("mutants: {} is not a journal", journal.display()))?;
+    let mut restored = 0;
+    for entry in &entries {
+        let (Some(path), Some(text)) = (entry["path"].as_str(), entry["text"].as_str()) else {
+            bail!(
+                "mutants: {}: an entry without path and text",
+                journal.display()
+            );
+        };
+        std::fs::write(path, text).with_context(|| format!("mutants: cannot restore {path}"))?;
+        restored += 1;
+    }
+    std::fs::remove_file(journal)?;
+    Ok(restored)
 }
 
 /// A mutant's tests may take this many times their baseline run...
@@ -1938,89 +2004,122 @@ mod tests {
     }
 
     #[test]
-    fn seeding_copies_every_unit_with_its_mtime_and_only_into_a_new_target() {
-        let from = tempfile::tempdir().unwrap();
-        let f = from.path();
-        let (dep, ours) = ("0123456789abcdef", "fedcba9876543210");
-        for (path, text) in [
-            (format!(".fingerprint/serde-{dep}/lib-serde"), "x"),
-            (
-                format!(".fingerprint/onebit-kernels-{ours}/lib-onebit_kernels"),
-                "x",
-            ),
-            (format!("deps/libserde-{dep}.rlib"), "rlib"),
-            (format!("deps/serde-{dep}.d"), "d"),
-            (format!("deps/libonebit_kernels-{ours}.rlib"), "ours"),
-            (format!("deps/q8-{ours}"), "test binary"),
-            (format!("build/serde-{dep}/output"), "cargo:rustc-cfg=x"),
-            ("incremental/onebit_kernels-1/s".to_string(), "not seeded"),
-        ] {
-            let p = f.join(path);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        }
-        // An old mtime, as a build's outputs have by the time mutants run.
-        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
-        let rlib = format!("deps/libonebit_kernels-{ours}.rlib");
-        std::fs::File::options()
-            .write(true)
-            .open(f.join(&rlib))
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-        let to_dir = tempfile::tempdir().unwrap();
-        let to = to_dir.path().join("debug");
-        assert_eq!(seed_scratch_target(f, &to).unwrap(), 7);
-        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
-        assert_eq!(mtime(&to.join(&rlib)), old, "copies keep their mtimes");
-        for seeded in [
-            format!("deps/libserde-{dep}.rlib"),
-            format!("deps/q8-{ours}"),
-            format!("build/serde-{dep}/output"),
-            format!(".fingerprint/onebit-kernels-{ours}/lib-onebit_kernels"),
-        ] {
-            assert!(to.join(&seeded).exists(), "{seeded}");
-        }
-        assert!(!to.join("incremental").exists());
-        assert!(!to.with_extension("seeding").exists());
-        // A scratch target that exists is the scratch's own build: left alone.
-        assert_eq!(seed_scratch_target(f, &to).unwrap(), 0);
+    fn selections_run_over_the_workspace_with_their_targets_and_filters() {
+        assert_eq!(
+            workspace_selection(&["-p", "onebit-kernels", "--test", "q8"]),
+            ["--workspace", "--test", "q8"]
+        );
+        assert_eq!(
+            workspace_selection(&[
+                "-p",
+                "onebit-kernels",
+                "--test",
+                "matmul",
+                "-p",
+                "npu-runtime",
+                "--test",
+                "reference",
+                "--",
+                "-p",
+                "x"
+            ]),
+            [
+                "--workspace",
+                "--test",
+                "matmul",
+                "--test",
+                "reference",
+                "--",
+                "-p",
+                "x"
+            ]
+        );
+        assert_eq!(
+            workspace_selection(&["-p", "mtp", "--lib", "chain"]),
+            ["--workspace", "--lib", "chain"]
+        );
     }
 
-    /// A tracked file new to the scratch keeps the tree's mtime (so seeded units built
-    /// from it are fresh); one whose content changed is stamped anew (so it rebuilds).
+    /// A mutant's edits are journaled before the tree changes and undone by `restore`,
+    /// by drop (an error or an interruption unwinding) and by the next run's start.
     #[test]
-    fn the_scratch_keeps_mtimes_of_new_files_and_stamps_changed_ones() {
-        let tree = tempfile::tempdir().unwrap();
-        let git = |args: &[&str]| {
-            let ok = Command::new("git")
-                .args(args)
-                .current_dir(tree.path())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "git {args:?}");
+    fn edits_are_journaled_and_always_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.rs"), dir.path().join("b.rs"));
+        std::fs::write(&a, "fn a() { 1 }").unwrap();
+        std::fs::write(&b, "fn b() { 2 }").unwrap();
+        let journal = dir.path().join("mutants/applied.json");
+        let edits = || {
+            vec![
+                (
+                    a.clone(),
+                    "fn a() { 1 }".to_string(),
+                    "fn a() { 0 }".to_string(),
+                ),
+                (
+                    b.clone(),
+                    "fn b() { 2 }".to_string(),
+                    "fn b() { 0 }".to_string(),
+                ),
+            ]
         };
-        git(&["init", "-q"]);
-        let src = tree.path().join("a.rs");
-        std::fs::write(&src, "one").unwrap();
-        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
-        std::fs::File::options()
-            .write(true)
-            .open(&src)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-        git(&["add", "a.rs"]);
-        let scratch = tempfile::tempdir().unwrap();
-        copy_tree(tree.path(), scratch.path()).unwrap();
-        let copy = scratch.path().join("a.rs");
-        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
-        assert_eq!(mtime(&copy), old);
-        std::fs::write(&src, "two").unwrap();
-        copy_tree(tree.path(), scratch.path()).unwrap();
-        assert_eq!(std::fs::read_to_string(&copy).unwrap(), "two");
-        assert!(mtime(&copy) > old);
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+
+        let mut applied = Applied::apply(&journal, edits()).unwrap();
+        assert_eq!(
+            (read(&a), read(&b)),
+            ("fn a() { 0 }".into(), "fn b() { 0 }".into())
+        );
+        assert!(journal.exists());
+        applied.restore().unwrap();
+        assert_eq!(
+            (read(&a), read(&b)),
+            ("fn a() { 1 }".into(), "fn b() { 2 }".into())
+        );
+        assert!(!journal.exists());
+
+        drop(Applied::apply(&journal, edits()).unwrap());
+        assert_eq!(
+            read(&a),
+            "fn a() { 1 }",
+            "dropped without restore: restored"
+        );
+        assert!(!journal.exists());
+
+        // A run killed mid-mutant: the edits stay, the journal with them.
+        std::mem::forget(Applied::apply(&journal, edits()).unwrap());
+        assert_eq!(read(&b), "fn b() { 0 }");
+        assert_eq!(restore_journaled(&journal).unwrap(), 2);
+        assert_eq!(
+            (read(&a), read(&b)),
+            ("fn a() { 1 }".into(), "fn b() { 2 }".into())
+        );
+        assert_eq!(
+            restore_journaled(&journal).unwrap(),
+            0,
+            "nothing left to undo"
+        );
+    }
+
+    #[test]
+    fn a_second_edit_in_the_same_file_is_folded_into_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Mutant {
+            name: "two-edits",
+            file: "f.rs",
+            find: "one",
+            replace: "1",
+            tests: &[],
+            also: Some(("f.rs", "two", "2")),
+            requires: &[],
+        };
+        let edits = edits_of(&m, dir.path(), "one two").unwrap().unwrap();
+        assert_eq!(edits.len(), 1);
+        assert_eq!(
+            (edits[0].1.as_str(), edits[0].2.as_str()),
+            ("one two", "1 2")
+        );
+        assert!(edits_of(&m, dir.path(), "one three").unwrap().is_none());
     }
 
     /// Every feature the catalogue names is one the detector knows, and every mutant
