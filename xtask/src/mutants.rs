@@ -955,6 +955,43 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // The engine's prefix reuse: a prompt shares the cached positions it matches, no more.
+    Mutant {
+        name: "prefix-reuse-keeps-a-stale-position",
+        file: "crates/onebit-engine/src/lib.rs",
+        find: "a.iter().zip(b).take_while(|(x, y)| x == y).count()",
+        // Off by one where the prompts part: the first differing position is kept too.
+        replace: "a.iter().zip(b).take_while(|(x, y)| x == y).count() + usize::from(a.iter().zip(b).any(|(x, y)| x != y))",
+        tests: &["-p", "onebit-engine", "--test", "engine", "a_prompt_extending_the_history"],
+        also: None,
+        requires: &[],
+    },
+    // The engine's cancellation: a flag set mid-generation stops it at the next token.
+    Mutant {
+        name: "cancellation-ignored-while-decoding",
+        file: "crates/onebit-engine/src/lib.rs",
+        find: "            if cancel.is_cancelled() {\n                reason = Some(StopReason::Cancelled);",
+        replace: "            if false && cancel.is_cancelled() {\n                reason = Some(StopReason::Cancelled);",
+        tests: &["-p", "onebit-engine", "--test", "engine", "cancellation_and_the_sink"],
+        also: None,
+        requires: &[],
+    },
+    // The server: a client that goes away stops its generation. Two edits: the dropped
+    // handler's cancel flag, and the token sink's check of the closed channel (either
+    // alone stops a whole answer's generation; a stream's failed send stops it too).
+    Mutant {
+        name: "disconnect-leaves-the-generation-running",
+        file: "crates/onebit-serve/src/generate.rs",
+        find: "        if let Some(f) = self.0.take() {\n            f.cancel();",
+        replace: "        if let Some(f) = self.0.take() {\n            drop(f);",
+        tests: &["-p", "onebit-serve", "--test", "serve", "a_disconnect_cancels"],
+        also: Some((
+            "crates/onebit-serve/src/generate.rs",
+            "                if tx.is_closed() {",
+            "                if false && tx.is_closed() {",
+        )),
+        requires: &[],
+    },
     Mutant {
         name: "cancelled-session-left-in-the-batch",
         file: "crates/onebit-engine/src/lib.rs",

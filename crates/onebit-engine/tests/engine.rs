@@ -134,6 +134,24 @@ fn cancellation_and_the_sink_stop_a_generation() {
         .unwrap();
     assert_eq!(done.stop, StopReason::Cancelled);
     assert_eq!(done.tokens.len(), 3);
+    // The flag set mid-generation (here by the sink, as another thread would): the
+    // generation stops at the next token.
+    let flag = CancelFlag::new();
+    let mut seen = 0;
+    let mut cancelling = |e: Event<'_>| {
+        if let Event::Token { .. } = e {
+            seen += 1;
+        }
+        if seen == 3 {
+            flag.cancel();
+        }
+        ControlFlow::Continue(())
+    };
+    let stopped = session
+        .generate(&greedy(&PROMPT, 20), &mut cancelling, &flag)
+        .unwrap();
+    assert_eq!(stopped.stop, StopReason::Cancelled);
+    assert!(stopped.tokens.len() <= 4, "{:?}", stopped.tokens);
     // The session is fine afterwards and its history matches what it holds.
     let full = session
         .generate(&greedy(&PROMPT, 20), &mut NullSink, &CancelFlag::new())
