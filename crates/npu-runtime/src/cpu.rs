@@ -8,7 +8,9 @@ use crate::kernels::attention::SequenceRows;
 use crate::kernels::kv::{KvCache, KvType};
 use crate::kernels::q8::{self, I8Matrix, PackedQ4, QuantizedRows};
 use crate::kernels::{self, matmul, Isa};
-use crate::model::{HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights};
+use crate::model::{
+    HeadKind, Precision, TargetConfig, TargetPackage, TargetWeights, SCREEN_CANDIDATES,
+};
 use crate::profile::{Clock, PassProfile, Stage};
 
 mod batch;
@@ -173,7 +175,7 @@ impl CpuModel {
         let mapped = MappedWeights::try_new(package, |p| p.weights())?;
         let weights = mapped.borrow_dependent();
         let integer = options.precision != Precision::F32;
-        let (packed, head_tiles_q8, head_int8) = pool.install(|| {
+        let (packed, head_tiles_q8, head_int8, screen) = pool.install(|| {
             let packed = match integer {
                 false => Vec::new(),
                 // Every layer in one buffer, so the projections share huge pages.
@@ -196,10 +198,14 @@ impl CpuModel {
             };
             let head_tiles_q8 =
                 (integer && head == HeadKind::Tiles).then(|| PackedQ4::new(&weights.lm_head));
-            let head_int8 = (head == HeadKind::EmbeddingInt8).then(|| {
-                I8Matrix::from_bf16(weights.embed.bytes, config.vocab_size, config.hidden_size)
-            });
-            (packed, head_tiles_q8, head_int8)
+            let head_int8 =
+                matches!(head, HeadKind::EmbeddingInt8 | HeadKind::Screened).then(|| {
+                    I8Matrix::from_bf16(weights.embed.bytes, config.vocab_size, config.hidden_size)
+                });
+            // The screened head's screen is the proposals' tiles: packed now, not on the
+            // first pass.
+            let screen = (head == HeadKind::Screened).then(|| PackedQ4::new(&weights.lm_head));
+            (packed, head_tiles_q8, head_int8, screen)
         });
         Ok(Arc::new(CpuModel {
             mapped,
@@ -211,7 +217,7 @@ impl CpuModel {
             packed,
             head_tiles_q8,
             head_int8,
-            proposal_tiles: OnceLock::new(),
+            proposal_tiles: screen.map_or_else(OnceLock::new, OnceLock::from),
             team,
         }))
     }
@@ -278,19 +284,20 @@ impl CpuModel {
 
     /// Bytes of weights one pass reads (tiles without padding, embedding rows aside).
     pub fn weight_bytes_per_pass(&self) -> usize {
-        let tile_bytes = |n: usize, k: usize| n.div_ceil(32) * 32 * k * 5 / 8;
         let c = &self.config;
-        let per_layer = tile_bytes(c.q_dim(), c.hidden_size)
-            + 2 * tile_bytes(c.kv_dim(), c.hidden_size)
-            + tile_bytes(c.hidden_size, c.q_dim())
-            + 2 * tile_bytes(c.intermediate_size, c.hidden_size)
-            + tile_bytes(c.hidden_size, c.intermediate_size);
+        let tiles = TargetConfig::tile_bytes(c.vocab_size, c.hidden_size);
         let head = match (self.head, &self.head_int8) {
             (HeadKind::EmbeddingInt8, Some(m)) => m.byte_len(),
-            (HeadKind::Tiles, _) => tile_bytes(c.vocab_size, c.hidden_size),
+            // The tiles, and at most one 16-row int8 block per candidate.
+            (HeadKind::Screened, Some(m)) => {
+                tiles
+                    + (SCREEN_CANDIDATES * m.byte_len() / m.rows().div_ceil(16).max(1))
+                        .min(m.byte_len())
+            }
+            (HeadKind::Tiles, _) => tiles,
             _ => c.vocab_size * c.hidden_size * 2,
         };
-        per_layer * c.num_layers + head
+        c.layer_tile_bytes() + head
     }
 
     /// Embedding rows of `tokens` (`tokens.len() × hidden`); ids beyond the vocabulary are
@@ -383,6 +390,18 @@ impl CpuModel {
     fn head_in_pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {
         let levels = self.precision.levels().unwrap_or(q8::Levels::One);
         match (&self.head_int8, &self.head_tiles_q8) {
+            (Some(int8), _) if self.head == HeadKind::Screened => {
+                let screen = self.quantized(hidden, n, q8::Levels::One);
+                let x = self.quantized(hidden, n, levels);
+                q8::matmul_screened(
+                    self.proposal_head(),
+                    int8,
+                    &screen,
+                    &x,
+                    SCREEN_CANDIDATES,
+                    self.kernel,
+                )
+            }
             (Some(int8), _) => {
                 let x = self.quantized(hidden, n, levels);
                 q8::matmul_i8_levels(int8, &x, levels, self.kernel)

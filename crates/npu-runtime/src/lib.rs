@@ -44,7 +44,7 @@ pub use forward::{Forward, TapRows, TapSink};
 pub use kernels::kv::KvType;
 pub use model::{
     Activation, ArchVariant, Family, HeadKind, LayerWeights, Precision, TargetConfig,
-    TargetPackage, TargetWeights,
+    TargetPackage, TargetWeights, SCREEN_CANDIDATES,
 };
 
 /// Index of the largest number (the first one on ties; NaN is never the largest), or 0

@@ -316,6 +316,39 @@ impl TargetConfig {
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
+
+    /// Bytes of q4 tiles for a `rows × cols` matrix as a pass reads them: rows padded to
+    /// 32, 5/8 of a byte a weight (4-bit codes, a BF16 scale and min per 32).
+    pub fn tile_bytes(rows: usize, cols: usize) -> usize {
+        rows.div_ceil(32)
+            .saturating_mul(32)
+            .saturating_mul(cols)
+            .saturating_mul(5)
+            / 8
+    }
+
+    /// Bytes of every layer's projection tiles (what a pass reads besides the head).
+    pub fn layer_tile_bytes(&self) -> usize {
+        let (h, tiles) = (self.hidden_size, TargetConfig::tile_bytes);
+        let per_layer = tiles(self.q_dim(), h)
+            + 2 * tiles(self.kv_dim(), h)
+            + tiles(h, self.q_dim())
+            + 2 * tiles(self.intermediate_size, h)
+            + tiles(h, self.intermediate_size);
+        per_layer.saturating_mul(self.num_layers)
+    }
+
+    /// Whether an int8 copy of the embedding (1.125 bytes a weight) would outweigh the
+    /// layers' tiles: then the head is most of a decode pass's bytes, and the screened
+    /// head reads about half of them (Gemma 3 270M: 189 MB against 63 MB of layers;
+    /// SmolLM2-135M: 32 MB against 66 MB).
+    pub fn int8_head_outweighs_the_layers(&self) -> bool {
+        self.vocab_size
+            .saturating_mul(self.hidden_size)
+            .saturating_mul(9)
+            / 8
+            > self.layer_tile_bytes()
+    }
 }
 
 /// Gemma 3's departures from Llama, each key checked by name: the window and which
@@ -536,15 +569,17 @@ impl TargetWeights<'_> {
         let mut y = vec![0f32; n * v];
         match head {
             HeadKind::Tiles => crate::kernels::matmul(&self.lm_head, hidden, n, &mut y, kernel),
-            HeadKind::Embedding | HeadKind::EmbeddingInt8 => crate::kernels::dense::matmul_bf16(
-                self.embed.bytes,
-                v,
-                h,
-                hidden,
-                n,
-                &mut y,
-                kernel,
-            ),
+            HeadKind::Embedding | HeadKind::EmbeddingInt8 | HeadKind::Screened => {
+                crate::kernels::dense::matmul_bf16(
+                    self.embed.bytes,
+                    v,
+                    h,
+                    hidden,
+                    n,
+                    &mut y,
+                    kernel,
+                )
+            }
         }
         y
     }
@@ -686,7 +721,16 @@ pub enum HeadKind {
     /// tied models: close to the embedding at 1.1 bytes per weight, run by the `q8`
     /// family.
     EmbeddingInt8,
+    /// The screened int8 head (`q8::matmul_screened`): the package's q4 lm_head tiles
+    /// for every row, the int8 copy of the embedding for each row's
+    /// [`SCREEN_CANDIDATES`] best; for tied vocabularies whose int8 head outweighs the
+    /// layers (Gemma 3's 262144 rows), where it reads 56% of the int8 head's bytes.
+    Screened,
 }
+
+/// Rows per input row whose exact int8 logits the screened head computes (measured on
+/// Gemma 3 270M: see docs/speed.md).
+pub const SCREEN_CANDIDATES: usize = 256;
 
 impl HeadKind {
     /// The default for a package at a precision: for a tied model whose head tiles were
@@ -698,6 +742,7 @@ impl HeadKind {
             precision,
         ) {
             (true, Precision::F32) => HeadKind::Embedding,
+            (true, _) if config.int8_head_outweighs_the_layers() => HeadKind::Screened,
             (true, _) => HeadKind::EmbeddingInt8,
             (false, _) => HeadKind::Tiles,
         }
@@ -709,6 +754,7 @@ impl HeadKind {
             HeadKind::Tiles => "tiles",
             HeadKind::Embedding => "embedding",
             HeadKind::EmbeddingInt8 => "embedding-int8",
+            HeadKind::Screened => "screened",
         }
     }
 }

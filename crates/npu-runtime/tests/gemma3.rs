@@ -25,7 +25,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use npu_runtime::kernels::Isa;
-use npu_runtime::{argmax, CpuOptions, CpuTarget, Forward, KvType, Precision, TargetPackage};
+use npu_runtime::{
+    argmax, CpuOptions, CpuTarget, Forward, HeadKind, KvType, Precision, TargetPackage,
+    SCREEN_CANDIDATES,
+};
 use q4nx_format::{Container, Q4Kind, Q4Matrix};
 
 const TOLERANCE: f32 = 1e-4;
@@ -206,6 +209,54 @@ fn tiny_gemma3_default_precision_agrees_with_f32() {
     assert!(agree * 10 >= rows * 9, "top-1 agreement {agree}/{rows}");
 }
 
+/// The screened head (Gemma 3 270M's default at the integer precisions): a batch's rows
+/// equal the same rows run one pass each, bit for bit; with a vocabulary no larger than
+/// its candidates every row is exact, so it equals the int8 head.
+#[test]
+fn tiny_gemma3_screened_head_is_per_row_and_the_int8_head_on_its_candidates() {
+    let dir = tempfile::tempdir().unwrap();
+    let package = convert(dir.path());
+    let v = package.config.vocab_size;
+    let r = reference();
+    let with_head = |head| CpuOptions {
+        precision: Precision::auto(),
+        kv_type: KvType::Bf16,
+        head: Some(head),
+        ..Default::default()
+    };
+    let batched = CpuTarget::with_options(&package, with_head(HeadKind::Screened))
+        .unwrap()
+        .forward(&r.tokens)
+        .unwrap();
+    let mut one_by_one = CpuTarget::with_options(&package, with_head(HeadKind::Screened)).unwrap();
+    for (i, &t) in r.tokens.iter().enumerate() {
+        let row = one_by_one.forward(&[t]).unwrap();
+        assert_eq!(
+            row,
+            batched[i * v..(i + 1) * v],
+            "row {i}: batched differs from alone"
+        );
+    }
+    assert!(
+        v <= SCREEN_CANDIDATES,
+        "the fixture's vocabulary ({v}) fits the candidates"
+    );
+    let int8 = CpuTarget::with_options(&package, with_head(HeadKind::EmbeddingInt8))
+        .unwrap()
+        .forward(&r.tokens)
+        .unwrap();
+    assert_eq!(
+        batched, int8,
+        "every row a candidate: the int8 head's logits"
+    );
+    // The default picks it only where the int8 head would outweigh the layers.
+    assert!(!package.config.int8_head_outweighs_the_layers());
+    assert_eq!(
+        HeadKind::default_for(&package.config, Precision::auto()),
+        HeadKind::EmbeddingInt8
+    );
+}
+
 /// The real Gemma 3 270M (`cargo xtask fetch-model gemma3`): the greedy continuation of
 /// "The capital of France is" at f32 and at the default precision, how far they agree
 /// (reported; measured: all 24 tokens), and not a degenerate repetition.
@@ -222,6 +273,11 @@ fn real_gemma3_greedy_f32_and_default_agree() {
     }
     let package = Arc::new(TargetPackage::open(&dir).unwrap());
     let v = package.config.vocab_size;
+    // Its 262144-row int8 head (189 MB) outweighs its layers (63 MB): screened by default.
+    assert_eq!(
+        HeadKind::default_for(&package.config, Precision::auto()),
+        HeadKind::Screened
+    );
     // "The capital of France is" in Gemma's vocabulary, after BOS.
     let tokenizer_free: Vec<u32> = vec![2, 818, 5279, 529, 7001, 563];
     let greedy = |precision: Precision, kv_type: KvType| -> Vec<u32> {

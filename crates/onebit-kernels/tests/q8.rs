@@ -538,3 +538,98 @@ fn amx_ragged_shapes_equal_the_reference() {
         }
     }
 }
+
+/// The screened head: every ISA equals its reference definition bit for bit (vocabularies
+/// not a multiple of the blocks, 1–5 rows, candidates from 1 to more than the rows), a
+/// batch's rows equal single rows, and the candidates' logits are the int8 head's.
+#[test]
+fn the_screened_head_is_its_reference_on_every_isa_and_per_row() {
+    let k = 96;
+    for (n_out, rows, m, seed) in [
+        (37, 1, 4, 1u64),
+        (200, 3, 16, 2),
+        (50, 5, 64, 3),
+        (16, 2, 1, 4),
+    ] {
+        let dense = values(n_out * k, seed, 0.3);
+        let bytes: Vec<u8> = dense
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let int8 = I8Matrix::from_bf16(&bytes, n_out, k);
+        // The screen: the same weights as q4 tiles (as a package's lm_head re-quantized
+        // from its embedding).
+        let rounded: Vec<f32> = bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        let encoded = encode_q4_1(&rounded, n_out, k).unwrap();
+        let q4 = Q4Matrix::from_bytes("lm_head", &encoded, n_out, k, Q4Kind::Q4_1).unwrap();
+        let tiles = PackedQ4::new(&q4);
+        let x = values(rows * k, seed + 11, 2.0);
+        let (mut one, mut two) = (QuantizedRows::default(), QuantizedRows::default());
+        one.quantize_levels(&x, rows, k, Levels::One);
+        two.quantize_levels(&x, rows, k, Levels::Two);
+        let want: Vec<f32> = (0..rows)
+            .flat_map(|i| reference::screened_row(&tiles, &int8, &one, &two, i, m))
+            .collect();
+        for isa in isas() {
+            let y = q8::matmul_screened(&tiles, &int8, &one, &two, m, isa);
+            assert_bits_equal(
+                &y,
+                &want,
+                n_out,
+                &format!("{}: screened {n_out}, m {m}", isa.name()),
+            );
+            for i in 0..rows {
+                let (mut one1, mut two1) = (QuantizedRows::default(), QuantizedRows::default());
+                one1.quantize_levels(&x[i * k..(i + 1) * k], 1, k, Levels::One);
+                two1.quantize_levels(&x[i * k..(i + 1) * k], 1, k, Levels::Two);
+                let alone = q8::matmul_screened(&tiles, &int8, &one1, &two1, m, isa);
+                assert_eq!(
+                    alone,
+                    y[i * n_out..(i + 1) * n_out],
+                    "batch invariance, row {i}"
+                );
+            }
+        }
+        // The candidates carry the int8 head's values; the others the screen's.
+        let mut full = vec![0f32; rows * n_out];
+        q8::matmul_i8(&int8, &two, &mut full, Isa::detect());
+        let mut screen = vec![0f32; rows * tiles.stride()];
+        q8::matmul_q4(&tiles, &one, &mut screen, Isa::detect());
+        for i in 0..rows {
+            let row = &screen[i * tiles.stride()..i * tiles.stride() + n_out];
+            let top = q8::top_rows(row, m);
+            assert_eq!(top.len(), m.min(n_out));
+            for r in 0..n_out {
+                let expect = if top.contains(&r) {
+                    full[i * n_out + r]
+                } else {
+                    row[r]
+                };
+                assert_eq!(
+                    want[i * n_out + r].to_bits(),
+                    expect.to_bits(),
+                    "row {i} out {r}"
+                );
+            }
+        }
+    }
+}
+
+/// `top_rows`: the largest values, ties to the lower index, NaN counted as -inf, -0
+/// equal to +0, in index order.
+#[test]
+fn top_rows_keeps_the_largest_with_ties_to_the_lower_index() {
+    let v = [1.0, 3.0, f32::NAN, 3.0, -0.0, 0.0, 2.0, f32::NEG_INFINITY];
+    assert_eq!(q8::top_rows(&v, 1), [1]);
+    assert_eq!(q8::top_rows(&v, 2), [1, 3]);
+    assert_eq!(q8::top_rows(&v, 3), [1, 3, 6]);
+    assert_eq!(q8::top_rows(&v, 5), [0, 1, 3, 4, 6]);
+    // NaN (index 2) ties with -inf (index 7): the lower index stays.
+    assert_eq!(q8::top_rows(&v, 7), [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(q8::top_rows(&v, 8), [0, 1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(q8::top_rows(&v, 0), Vec::<usize>::new());
+    assert_eq!(q8::top_rows(&[f32::NAN, f32::NAN], 1), [0]);
+}

@@ -288,6 +288,9 @@ pub enum HeadArg {
     Embedding,
     /// An int8 copy of the embedding (the default for re-quantized tied heads at q8).
     EmbeddingInt8,
+    /// The q4 tiles for every row, the int8 embedding for each row's 64 best (the
+    /// default where the int8 head outweighs the layers: Gemma 3).
+    Screened,
 }
 
 impl HeadArg {
@@ -298,6 +301,7 @@ impl HeadArg {
             HeadArg::Tiles => Some(HeadKind::Tiles),
             HeadArg::Embedding => Some(HeadKind::Embedding),
             HeadArg::EmbeddingInt8 => Some(HeadKind::EmbeddingInt8),
+            HeadArg::Screened => Some(HeadKind::Screened),
         }
     }
 }

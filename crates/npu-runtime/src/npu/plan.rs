@@ -772,9 +772,9 @@ impl DispatchPlan {
                     },
                 );
             }
-            // `NpuTarget::new` refuses the int8 head; a plan built for it reads the BF16
+            // `NpuTarget::new` refuses the int8 and screened heads; a plan built for it reads the BF16
             // embedding it was made from.
-            HeadKind::Embedding | HeadKind::EmbeddingInt8 => {
+            HeadKind::Embedding | HeadKind::EmbeddingInt8 | HeadKind::Screened => {
                 b.step(
                     None,
                     "lm_head (embedding)",

@@ -31,9 +31,9 @@ impl<'a, D: Device> NpuTarget<'a, D> {
     /// weights.
     pub fn new(package: &'a TargetPackage, device: D, options: PlanOptions) -> Result<Self> {
         let config = package.config.clone();
-        if options.head == HeadKind::EmbeddingInt8 {
+        if matches!(options.head, HeadKind::EmbeddingInt8 | HeadKind::Screened) {
             return Err(TargetError::Unsupported(
-                "the NPU plan has no int8 head (the q8 family runs on the CPU backend); \
+                "the NPU plan has no int8 or screened head (the q8 family runs on the CPU backend); \
                  use the embedding or the tiles"
                     .into(),
             ));

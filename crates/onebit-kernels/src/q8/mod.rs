@@ -29,11 +29,13 @@ pub mod amx;
 mod pack;
 mod quantize;
 pub mod reference;
+mod screen;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use pack::{I8Matrix, PackedQ4};
 pub use quantize::{quantize_group, Levels, QuantizedRows};
+pub use screen::{matmul_screened, top_rows};
 // For the variants' `super::` imports.
 use quantize::GroupStats;
 
@@ -203,24 +205,58 @@ pub fn matmul_i8(w: &I8Matrix, x: &QuantizedRows, y: &mut [f32], isa: Isa) {
     crate::team::for_each_column_block(y, rows, width, |t, mut out| {
         for j in 0..out.width().div_ceil(I8_BLOCK_ROWS) {
             let b = t * I8_TASK_BLOCKS + j;
-            let mut out = out.columns(j * I8_BLOCK_ROWS, (j + 1) * I8_BLOCK_ROWS);
-            match kernel {
-                Variant::Scalar => reference::block_i8(w, b, x, &mut out),
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the variant comes from an `Isa` token, set only by detection.
-                Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, &mut out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, &mut out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above (AMX implies AVX-512 VNNI): few rows.
-                Variant::Amx => unsafe { x86::block_i8_avx512vnni(w, b, x, &mut out) },
-            }
+            block_i8(
+                kernel,
+                w,
+                b,
+                x,
+                &mut out.columns(j * I8_BLOCK_ROWS, (j + 1) * I8_BLOCK_ROWS),
+            );
         }
     });
+}
+
+/// The int8 matrix's 16-row blocks `blocks` for every input row: `x.rows()` rows of
+/// `blocks.len() · 16` values, block `blocks[t]`'s outputs at `16t..16t + 16` (rows past
+/// the matrix's end are 0). Each value is the one [`matmul_i8`] gives, bit for bit.
+///
+/// # Panics
+/// If `x`'s K differs from the weights' or a block is past the matrix's end.
+pub fn matmul_i8_blocks(w: &I8Matrix, x: &QuantizedRows, blocks: &[usize], isa: Isa) -> Vec<f32> {
+    assert_eq!(x.cols(), w.cols(), "q8: input K differs from the weights'");
+    let count = w.rows().div_ceil(I8_BLOCK_ROWS);
+    if let Some(&b) = blocks.iter().find(|&&b| b >= count) {
+        panic!("q8: block {b} is past the int8 matrix's {count} blocks");
+    }
+    let width = blocks.len() * I8_BLOCK_ROWS;
+    let mut y = vec![0f32; x.rows() * width];
+    if x.rows() == 0 || blocks.is_empty() {
+        return y;
+    }
+    let kernel = variant(isa);
+    crate::team::for_each_column_block(&mut y, width, I8_BLOCK_ROWS, |t, mut out| {
+        block_i8(kernel, w, blocks[t], x, &mut out)
+    });
+    y
+}
+
+/// Block `b` of the int8 matrix for every input row, by `kernel`.
+fn block_i8(kernel: Variant, w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut Out<'_>) {
+    match kernel {
+        Variant::Scalar => reference::block_i8(w, b, x, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the variant comes from an `Isa` token, set only by detection.
+        Variant::Avx2 => unsafe { x86::block_i8_avx2(w, b, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Variant::AvxVnni => unsafe { x86::block_i8_avxvnni(w, b, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Variant::Avx512Vnni => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above (AMX implies AVX-512 VNNI): few rows.
+        Variant::Amx => unsafe { x86::block_i8_avx512vnni(w, b, x, out) },
+    }
 }
 
 #[inline]

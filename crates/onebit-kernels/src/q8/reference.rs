@@ -82,3 +82,33 @@ pub(super) fn block_i8(w: &I8Matrix, b: usize, x: &QuantizedRows, out: &mut Out<
         }
     }
 }
+
+/// Input row `i`'s logits from the screened head ([`super::matmul_screened`]), by its
+/// definition: every row's q4 output at one level (`x_screen`), the `m` largest of them
+/// chosen by sorting (value descending, NaN as -inf, ties to the lower index), and
+/// those rows' int8 outputs at `x`'s levels in their place.
+pub fn screened_row(
+    tiles: &PackedQ4,
+    int8: &I8Matrix,
+    x_screen: &QuantizedRows,
+    x: &QuantizedRows,
+    i: usize,
+    m: usize,
+) -> Vec<f32> {
+    let screen: Vec<f32> = (0..int8.rows())
+        .map(|r| dot_q4(tiles, r, x_screen, i))
+        .collect();
+    let rank = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let mut order: Vec<usize> = (0..screen.len()).collect();
+    order.sort_by(|&a, &b| {
+        rank(screen[b])
+            .partial_cmp(&rank(screen[a]))
+            .expect("no NaN after ranking")
+            .then(a.cmp(&b))
+    });
+    let mut y = screen;
+    for &r in order.iter().take(m) {
+        y[r] = dot_i8(int8, r, x, i);
+    }
+    y
+}
