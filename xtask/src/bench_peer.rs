@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 use crate::llama_cpp::{self, LLAMA_CPP_PYTHON};
 
 const USAGE: &str = "usage: cargo xtask bench-peer [--threads N] [--context N] [--json] \
-[--model smollm2|gemma3 | --gguf PATH --model DIR] [--llama-bench-arg ARG ...] [-- ONEBIT-BENCH-FLAGS]";
+[--model smollm2|gemma3 | --gguf PATH --model DIR] [--llama-build native|avx2] [--llama-bench-arg ARG ...] \
+[-- ONEBIT-BENCH-FLAGS]";
 
 struct Options {
     threads: usize,
@@ -35,6 +36,8 @@ struct Options {
     onebit_extra: Vec<String>,
     /// Extra llama-bench arguments (`--llama-bench-arg`, repeatable), e.g. `--poll 0`.
     llama_extra: Vec<String>,
+    /// Which llama.cpp build (`--llama-build`, native by default).
+    build: llama_cpp::Build,
 }
 
 /// The fetched models bench-peer knows by name.
@@ -54,6 +57,7 @@ fn parse(args: &[String]) -> Result<Options> {
         fetched: Fetched::Smollm2,
         onebit_extra: Vec::new(),
         llama_extra: Vec::new(),
+        build: llama_cpp::Build::Native,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -86,6 +90,15 @@ fn parse(args: &[String]) -> Result<Options> {
             "--model" => o.model = Some(value("--model")?.into()),
             "--json" => o.json = true,
             "--llama-bench-arg" => o.llama_extra.push(value("--llama-bench-arg")?),
+            "--llama-build" => {
+                o.build = match value("--llama-build")?.as_str() {
+                    "native" => llama_cpp::Build::Native,
+                    "avx2" => llama_cpp::Build::Avx2,
+                    other => bail!(
+                        "bench-peer: --llama-build '{other}': native (the sdist's default) or avx2"
+                    ),
+                }
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -162,7 +175,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "[2/5] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
         peer.display()
     );
-    let llama_bench = llama_cpp::ensure_tool(&peer, "llama-bench")?;
+    let llama_bench = llama_cpp::ensure_tool(&peer, "llama-bench", o.build)?;
 
     step!("[3/5] onebit (cargo build --release -p onebit)");
     let onebit = build_onebit(&root)?;
@@ -513,8 +526,10 @@ impl Report {
             .first()
             .context("bench-peer: llama-bench printed no results")?;
         let commit = first.raw["build_commit"].as_str().unwrap_or("unknown");
-        let llama_version =
-            format!("commit {commit} (vendored by llama-cpp-python {LLAMA_CPP_PYTHON})");
+        let llama_version = format!(
+            "commit {commit} (vendored by llama-cpp-python {LLAMA_CPP_PYTHON}), {} build",
+            o.build.name()
+        );
         Ok(Report {
             cpu,
             load: (load_before, load_average()),
@@ -752,5 +767,10 @@ mod tests {
         assert!(e.contains("'some/dir'") && e.contains("--gguf"), "{e}");
         assert!(parse(&a("--threads 0")).is_err());
         assert!(parse(&a("--bogus")).is_err());
+        assert_eq!(parse(&a("")).unwrap().build, llama_cpp::Build::Native);
+        let o = parse(&a("--llama-build avx2")).unwrap();
+        assert_eq!(o.build, llama_cpp::Build::Avx2);
+        let e = parse(&a("--llama-build avx512")).err().unwrap().to_string();
+        assert!(e.contains("'avx512'"), "{e}");
     }
 }

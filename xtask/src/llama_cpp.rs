@@ -206,11 +206,52 @@ fn build_tools(peer: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((c, n))
 }
 
-/// `target/peer/build-<version>/bin/<tool>`: llama.cpp's CMake target `tool` (such as
-/// `llama-bench` or `llama-tokenize`) built alone, unless it is already there. One
-/// build tree serves every tool (configured once with the same options).
-pub fn ensure_tool(peer: &Path, tool: &str) -> Result<PathBuf> {
-    let build = peer.join(format!("build-{LLAMA_CPP_PYTHON}"));
+/// Which llama.cpp build: the sdist's default (`-DGGML_NATIVE=ON`: every ISA extension
+/// of this CPU), or AVX2 and FMA only — on AVX-512 VMs the AVX2 build decodes faster
+/// (the brief: compare against the peer's best).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    Native,
+    Avx2,
+}
+
+impl Build {
+    /// The name `--llama-build` takes and reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Build::Native => "native",
+            Build::Avx2 => "avx2",
+        }
+    }
+
+    fn dir(self) -> String {
+        match self {
+            Build::Native => format!("build-{LLAMA_CPP_PYTHON}"),
+            Build::Avx2 => format!("build-{LLAMA_CPP_PYTHON}-avx2"),
+        }
+    }
+
+    fn cmake_flags(self) -> &'static [&'static str] {
+        match self {
+            Build::Native => &["-DGGML_NATIVE=ON"],
+            Build::Avx2 => &[
+                "-DGGML_NATIVE=OFF",
+                "-DGGML_AVX=ON",
+                "-DGGML_AVX2=ON",
+                "-DGGML_FMA=ON",
+                "-DGGML_F16C=ON",
+                "-DGGML_BMI2=ON",
+                "-DGGML_AVX512=OFF",
+            ],
+        }
+    }
+}
+
+/// `target/peer/build-<version>[-avx2]/bin/<tool>`: llama.cpp's CMake target `tool` (such
+/// as `llama-bench` or `llama-tokenize`) built alone, unless it is already there. One
+/// build tree per [`Build`] serves every tool (configured once with the same options).
+pub fn ensure_tool(peer: &Path, tool: &str, flavour: Build) -> Result<PathBuf> {
+    let build = peer.join(flavour.dir());
     let bin = build.join("bin").join(tool);
     if bin.exists() {
         step!("  reusing {}", bin.display());
@@ -218,7 +259,7 @@ pub fn ensure_tool(peer: &Path, tool: &str) -> Result<PathBuf> {
     }
     let llama = ensure_sdist(peer)?;
     let (cmake, ninja) = build_tools(peer)?;
-    let log = peer.join(format!("build-{LLAMA_CPP_PYTHON}-{tool}.log"));
+    let log = peer.join(format!("{}-{tool}.log", flavour.dir()));
     let _ = std::fs::remove_file(&log);
     step!("  cmake configure (log {})", log.display());
     let mut configure = Command::new(&cmake);
@@ -232,7 +273,6 @@ pub fn ensure_tool(peer: &Path, tool: &str) -> Result<PathBuf> {
         .args([
             "-DCMAKE_BUILD_TYPE=Release",
             "-DBUILD_SHARED_LIBS=OFF",
-            "-DGGML_NATIVE=ON",
             "-DGGML_CCACHE=OFF",
             "-DLLAMA_CURL=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
@@ -240,6 +280,7 @@ pub fn ensure_tool(peer: &Path, tool: &str) -> Result<PathBuf> {
             "-DLLAMA_BUILD_TOOLS=ON",
             "-DLLAMA_BUILD_SERVER=OFF",
         ])
+        .args(flavour.cmake_flags())
         // The 0.3.16 sdist ships vendor/llama.cpp/.git (a shallow clone: the commit is
         // right, the build number is 1); should a release ship none, the ceiling keeps
         // llama.cpp's build-info from finding *this* repository above target/ and

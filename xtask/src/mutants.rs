@@ -955,6 +955,34 @@ pub const MUTANTS: &[Mutant] = &[
         also: None,
         requires: &[],
     },
+    // The screened head (onebit-kernels q8/screen.rs; Gemma 3's default head).
+    Mutant {
+        name: "screen-every-row-takes-the-first-rows-candidates",
+        file: "crates/onebit-kernels/src/q8/screen.rs",
+        find: "        for &r in own {",
+        replace: "        for &r in &candidates[0] {",
+        tests: &["-p", "onebit-kernels", "--test", "q8", "screen"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "screen-ties-go-to-the-higher-index",
+        file: "crates/onebit-kernels/src/q8/screen.rs",
+        find: ".then(self.index.cmp(&other.index))",
+        replace: ".then(other.index.cmp(&self.index))",
+        tests: &["-p", "onebit-kernels", "--test", "q8", "top_rows"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
+        name: "screened-head-never-the-default",
+        file: "crates/npu-runtime/src/model.rs",
+        find: "(true, _) if config.int8_head_outweighs_the_layers() => HeadKind::Screened,",
+        replace: "(true, _) if config.int8_head_outweighs_the_layers() && false => HeadKind::Screened,",
+        tests: &["-p", "npu-runtime", "--test", "gemma3", "real_gemma3"],
+        also: None,
+        requires: &[],
+    },
     // The engine's prefix reuse: a prompt shares the cached positions it matches, no more.
     Mutant {
         name: "prefix-reuse-keeps-a-stale-position",

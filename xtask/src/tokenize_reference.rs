@@ -88,7 +88,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     let peer = llama_cpp::peer_dir()?;
     eprintln!("tokenize-reference: [1/3] llama-tokenize (llama-cpp-python {LLAMA_CPP_PYTHON})");
-    let bin = llama_cpp::ensure_tool(&peer, "llama-tokenize")?;
+    let bin = llama_cpp::ensure_tool(&peer, "llama-tokenize", llama_cpp::Build::Native)?;
     let commit = llama_cpp_commit(&peer);
 
     eprintln!("tokenize-reference: [2/3] the GGUFs");

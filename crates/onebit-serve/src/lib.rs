@@ -97,13 +97,8 @@ pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// What `onebit serve` was asked for.
 #[derive(Clone)]
 pub struct ServeOptions {
-    /// The model, its backend, drafter, context (`ctx_len` already resolved: the server
-    /// refuses requests beyond it) and shared passes.
-    pub engine: EngineConfig,
-    /// The model's name in the API.
-    pub name: String,
-    /// Other names requests may use for it (the package path, its directory's name).
-    pub aliases: Vec<String>,
+    /// The model or models, by name.
+    pub models: Served,
     /// The address to listen on.
     pub host: String,
     /// The port (0: any free port; the log line names it).
@@ -126,31 +121,57 @@ pub struct ServeOptions {
     pub debug: DebugDelays,
     /// Where log lines go.
     pub log: Log,
-    /// Models served by name instead of `engine`/`name`/`aliases`, each loaded on its
-    /// first request (`onebit serve` with no model: every model of the store); empty:
-    /// `engine` alone, loaded at start. The other options apply to each.
-    pub store: Vec<ServedModel>,
 }
 
-/// A model of a server that serves several ([`ServeOptions::store`]).
+/// What a server serves. The other options apply to each model.
+#[derive(Clone)]
+pub enum Served {
+    /// One model, loaded at start (`onebit serve MODEL`).
+    One(ServedModel),
+    /// Several models by name, each loaded on its first request (`onebit serve` with no
+    /// model: every model of the store). At least one.
+    Store(Vec<ServedModel>),
+}
+
+impl Served {
+    /// The models, in order.
+    pub fn models(&self) -> &[ServedModel] {
+        match self {
+            Served::One(m) => std::slice::from_ref(m),
+            Served::Store(models) => models,
+        }
+    }
+}
+
+/// A model of a server.
 #[derive(Clone)]
 pub struct ServedModel {
-    /// How it loads (its package, backend, drafter, context).
+    /// How it loads: its package, backend, drafter, context (`ctx_len` already resolved:
+    /// the server refuses requests beyond it) and shared passes.
     pub engine: EngineConfig,
     /// Its name in the API.
     pub name: String,
-    /// Other names requests may use for it.
+    /// Other names requests may use for it (the package path, its directory's name).
     pub aliases: Vec<String>,
 }
 
-impl ServeOptions {
-    /// Defaults for `engine` named `name`: 127.0.0.1, any free port, one session, a
-    /// queue of 10, no key, no CORS, log lines to standard error.
-    pub fn new(engine: EngineConfig, name: impl Into<String>) -> ServeOptions {
-        ServeOptions {
+impl ServedModel {
+    /// `engine` named `name`, with no other names.
+    pub fn new(engine: EngineConfig, name: impl Into<String>) -> ServedModel {
+        ServedModel {
             engine,
             name: name.into(),
             aliases: Vec::new(),
+        }
+    }
+}
+
+impl ServeOptions {
+    /// Defaults for serving `models`: 127.0.0.1, any free port, one session, a queue of
+    /// 10, no key, no CORS, log lines to standard error.
+    pub fn new(models: Served) -> ServeOptions {
+        ServeOptions {
+            models,
             host: "127.0.0.1".into(),
             port: 0,
             q_len: 10,
@@ -161,7 +182,6 @@ impl ServeOptions {
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
             debug: DebugDelays::default(),
             log: Log::stderr(),
-            store: Vec::new(),
         }
     }
 }
@@ -243,20 +263,15 @@ pub fn start(options: ServeOptions) -> Result<Running> {
     }
     let cors = auth::cors_layer(&options.cors)?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let apps: Vec<Arc<App>> = if options.store.is_empty() {
-        vec![App::new(
-            &options,
-            &options.name,
-            &options.aliases,
-            &metrics,
-        )]
-    } else {
-        options
-            .store
-            .iter()
-            .map(|m| App::new(&options, &m.name, &m.aliases, &metrics))
-            .collect()
-    };
+    if options.models.models().is_empty() {
+        anyhow::bail!("serve: no model to serve");
+    }
+    let apps: Vec<Arc<App>> = options
+        .models
+        .models()
+        .iter()
+        .map(|m| App::new(&options, &m.name, &m.aliases, &metrics))
+        .collect();
     let app = apps[0].clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -268,22 +283,20 @@ pub fn start(options: ServeOptions) -> Result<Running> {
         .block_on(tokio::net::TcpListener::bind(&addr))
         .with_context(|| format!("serve: cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
-    if options.store.is_empty() {
-        app.log(&format!(
+    match &options.models {
+        Served::One(m) => app.log(&format!(
             "onebit serve: listening on http://{local} (loading {})",
-            options.engine.model.display()
-        ));
-    } else {
-        app.log(&format!(
+            m.engine.model.display()
+        )),
+        Served::Store(models) => app.log(&format!(
             "onebit serve: listening on http://{local} ({} models, each loaded on its first request: {})",
-            apps.len(),
-            options
-                .store
+            models.len(),
+            models
                 .iter()
                 .map(|m| m.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ));
+        )),
     }
     if let Some(warning) = auth::exposure_warning(local, app.api_key.is_some()) {
         // Always printed, also under --quiet: it is about who can use the server.
@@ -292,11 +305,13 @@ pub fn start(options: ServeOptions) -> Result<Running> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("onebit-serve".into())
-        .spawn(move || {
-            if options.store.is_empty() {
-                runtime.block_on(run(app, options, listener, cors, stopped))
-            } else {
-                let front = store::Front::new(apps, &options);
+        .spawn(move || match &options.models {
+            Served::One(m) => {
+                let engine = m.engine.clone();
+                runtime.block_on(run(app, engine, options, listener, cors, stopped))
+            }
+            Served::Store(models) => {
+                let front = store::Front::new(apps, models, &options);
                 runtime.block_on(store::run(front, listener, cors, stopped))
             }
         })
@@ -312,6 +327,7 @@ pub fn start(options: ServeOptions) -> Result<Running> {
 /// `stopped`.
 async fn run(
     app: Arc<App>,
+    config: EngineConfig,
     options: ServeOptions,
     listener: tokio::net::TcpListener,
     cors: Option<tower_http::cors::CorsLayer>,
@@ -319,7 +335,6 @@ async fn run(
 ) -> Result<()> {
     let loader = {
         let app = app.clone();
-        let config = options.engine.clone();
         let (parallel, load_delay) = (options.parallel, options.debug.load);
         tokio::task::spawn_blocking(move || -> Result<()> {
             std::thread::sleep(load_delay);

@@ -30,7 +30,7 @@ use crate::{
     auth, count_answers, load_model, metrics, metrics_response, not_found, read_body,
     uncounted_router, version,
 };
-use crate::{App, ServeOptions};
+use crate::{App, ServeOptions, ServedModel};
 
 /// One model of the server: its state, its routes and how it loads.
 struct Model {
@@ -50,11 +50,15 @@ pub(crate) struct Front {
 }
 
 impl Front {
-    /// The models of `options.store` over their `apps` (one each, in order).
-    pub(crate) fn new(apps: Vec<Arc<App>>, options: &ServeOptions) -> Arc<Front> {
+    /// The `models` over their `apps` (one each, in order).
+    pub(crate) fn new(
+        apps: Vec<Arc<App>>,
+        models: &[ServedModel],
+        options: &ServeOptions,
+    ) -> Arc<Front> {
         let models = apps
             .into_iter()
-            .zip(&options.store)
+            .zip(models)
             .map(|(app, m)| Model {
                 routes: uncounted_router(app.clone()),
                 app,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use onebit_engine::{ContextLen, DrafterConfig, EngineConfig};
-use onebit_serve::ServedModel;
+use onebit_serve::{Served, ServedModel};
 
 use crate::run::TargetArgs;
 use crate::store::Store;
@@ -106,25 +106,17 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         None => std::env::var("ONEBIT_API_KEY").ok(),
     };
     let ctx_len = args.ctx_len.map_or(ContextLen::Auto, ContextLen::AtMost);
-    let (engine, name, aliases, store) = match &args.model_dir {
+    let models = match &args.model_dir {
         Some(dir) => {
             let name = args
                 .alias
                 .clone()
                 .unwrap_or_else(|| onebit_engine::model_name(dir));
-            let aliases = vec![dir.display().to_string(), onebit_engine::model_name(dir)];
-            (
-                engine_config(args, dir, ctx_len)?,
-                name,
-                aliases,
-                Vec::new(),
-            )
+            let mut one = ServedModel::new(engine_config(args, dir, ctx_len)?, name);
+            one.aliases = vec![dir.display().to_string(), onebit_engine::model_name(dir)];
+            Served::One(one)
         }
-        None => {
-            let store = stored_models(args, ctx_len)?;
-            let first = &store[0];
-            (first.engine.clone(), first.name.clone(), Vec::new(), store)
-        }
+        None => Served::Store(stored_models(args, ctx_len)?),
     };
     let port = match (args.port, std::env::var("FLM_SERVE_PORT")) {
         (Some(p), _) => p,
@@ -133,9 +125,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("serve: FLM_SERVE_PORT={v:?} is not a port number"))?,
         (None, Err(_)) => 52625,
     };
-    let mut options = onebit_serve::ServeOptions::new(engine, name);
-    options.aliases = aliases;
-    options.store = store;
+    let mut options = onebit_serve::ServeOptions::new(models);
     options.host = args.host.clone();
     options.port = port;
     options.q_len = args.q_len;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use onebit_engine::{ContextLen, DrafterConfig, EngineConfig};
-use onebit_serve::{DebugDelays, Log, Running, ServeOptions};
+use onebit_serve::{DebugDelays, Log, Running, ServeOptions, Served, ServedModel};
 use serde_json::Value;
 use test_support::http::HttpServer;
 
@@ -55,8 +55,9 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
     let mut lookup = false;
     let mut draft = None;
     let mut shared = true;
-    let mut o = ServeOptions::new(engine, onebit_engine::model_name(model));
-    o.aliases = vec![model.display().to_string()];
+    let mut m = ServedModel::new(engine, onebit_engine::model_name(model));
+    m.aliases = vec![model.display().to_string()];
+    let mut o = ServeOptions::new(Served::Store(Vec::new()));
     o.log = log;
     let mut debug = DebugDelays::default();
     let mut it = args.iter();
@@ -64,10 +65,10 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
         let mut value = || *it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         let ms = |v: &str| Duration::from_millis(v.parse().unwrap());
         match flag {
-            "--ctx-len" => o.engine.ctx_len = ContextLen::AtMost(value().parse().unwrap()),
+            "--ctx-len" => m.engine.ctx_len = ContextLen::AtMost(value().parse().unwrap()),
             "--parallel" => o.parallel = value().parse().unwrap(),
             "--q-len" => o.q_len = value().parse().unwrap(),
-            "--alias" => o.name = value().to_string(),
+            "--alias" => m.name = value().to_string(),
             "--api-key" => o.api_key = Some(value().to_string()),
             "--cors" => o.cors.push(value().to_string()),
             "--host" => o.host = value().to_string(),
@@ -77,7 +78,7 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
             "--no-shared-passes" => shared = false,
             // k = --draft-max every round: a test counting drafts must not depend on
             // adaptive k's pass costs, timed at load on a machine busy with other tests.
-            "--fixed-k" => o.engine.fixed_k = true,
+            "--fixed-k" => m.engine.fixed_k = true,
             "--debug-token-delay-ms" => debug.token = ms(value()),
             "--debug-load-delay-ms" => debug.load = ms(value()),
             "--debug-tokenize-delay-ms" => debug.tokenize = ms(value()),
@@ -86,15 +87,16 @@ fn options(model: &Path, args: &[&str], log: Log) -> ServeOptions {
         }
     }
     o.debug = debug;
-    o.engine.drafter =
+    m.engine.drafter =
         DrafterConfig::from_flags(draft.as_deref(), lookup, onebit_engine::DEFAULT_MAX_NGRAM);
-    o.engine.share_passes = o.parallel > 1 && shared;
-    if o.engine.ctx_len == ContextLen::Unchecked {
+    m.engine.share_passes = o.parallel > 1 && shared;
+    if m.engine.ctx_len == ContextLen::Unchecked {
         let config: Value =
             serde_json::from_slice(&std::fs::read(model.join("config.json")).unwrap()).unwrap();
         let max = config["max_position_embeddings"].as_u64().unwrap() as usize;
-        o.engine.ctx_len = ContextLen::AtMost(max);
+        m.engine.ctx_len = ContextLen::AtMost(max);
     }
+    o.models = Served::One(m);
     o
 }
 
@@ -111,17 +113,12 @@ impl Server {
     pub fn start_store(models: &[&Path], args: &[&str]) -> Server {
         let store = |log: Log| {
             let mut o = options(models[0], args, log.clone());
-            o.store = models
-                .iter()
-                .map(|m| {
-                    let one = options(m, args, log.clone());
-                    onebit_serve::ServedModel {
-                        engine: one.engine,
-                        name: one.name,
-                        aliases: one.aliases,
-                    }
-                })
-                .collect();
+            o.models = Served::Store(
+                models
+                    .iter()
+                    .flat_map(|m| options(m, args, log.clone()).models.models().to_vec())
+                    .collect(),
+            );
             o
         };
         Server::launch(store, true)
