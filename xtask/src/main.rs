@@ -41,11 +41,13 @@ tasks:
   tidy                                     check the invariants of ARCHITECTURE.md that the source
                                            tree shows (backend names, ISA detection, unsafe,
                                            unused dependencies, module cycles in the binary)
-  mutants [NAME ...] [--timeout-factor F] [--timeout-min S]
-                                           apply each named source mutant to a scratch copy and
-                                           require its tests to fail (all mutants by default);
-                                           tests running past F (5) x their baseline, at least
-                                           S (120) seconds, are killed: caught (timeout)
+  mutants [NAME ...] [--timeout-factor F] [--timeout-min S] [--skip-baseline]
+                                           apply each named source mutant to the working tree
+                                           (journaled, always restored) and require its tests
+                                           to fail (all mutants by default); tests running past
+                                           F (5) x their baseline, at least S (120) seconds, are
+                                           killed: caught (timeout); --skip-baseline (CI, after
+                                           the whole suite passed): no unmutated runs
   cargo-mutants [CRATE ...] [--shard K/N] [--file PATH]
                                            cargo-mutants over mtp and dflash-draft (slow: nightly),
                                            caught/missed counts; output in target/cargo-mutants
