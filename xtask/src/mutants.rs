@@ -44,7 +44,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/onebit/src/perplexity.rs",
         find: ".map(|(&r, &m)| r.exp() * (r - m))",
         replace: ".map(|(&r, &m)| m.exp() * (m - r))",
-        tests: &["-p", "onebit", "--test", "perplexity"],
+        tests: &["-p", "onebit", "--test", "perplexity", "match_a_float64"],
         also: None,
         requires: &[],
     },
@@ -1607,8 +1607,13 @@ pub fn run(args: &[String]) -> Result<()> {
     if undone > 0 {
         println!("mutants: restored {undone} file(s) a previous, interrupted run left mutated");
     }
-    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
-        .context("mutants: cannot install the Ctrl-C handler")?;
+    // The first signal sets the flag (the tests are stopped, the tree restored); a second
+    // one, with the flag already set, exits at once.
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, INTERRUPTED.clone())
+            .and_then(|_| signal_hook::flag::register(signal, INTERRUPTED.clone()))
+            .context("mutants: cannot install the Ctrl-C / SIGTERM handler")?;
+    }
     let untracked_before = untracked(&root)?;
     let mut selected: Vec<&Mutant> = MUTANTS
         .iter()
@@ -1770,7 +1775,8 @@ pub fn run(args: &[String]) -> Result<()> {
 
 /// Set by the Ctrl-C / SIGTERM handler: the running tests are stopped and the tree is
 /// restored before the process exits.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static INTERRUPTED: std::sync::LazyLock<std::sync::Arc<AtomicBool>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(AtomicBool::new(false)));
 
 /// One file's edit: its path, its text before and its text with the mutant.
 type Edit = (PathBuf, String, String);
