@@ -147,17 +147,8 @@ fn scratch_workspace(root: &Path, base: &Path) -> Result<PathBuf> {
 }
 
 fn copy_tree(root: &Path, dest: &Path) -> Result<()> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z"])
-        .current_dir(root)
-        .output()
-        .context("mutants: git ls-files")?;
-    if !out.status.success() {
-        bail!("mutants: git ls-files failed");
-    }
-    for rel in out.stdout.split(|&b| b == 0).filter(|s| !s.is_empty()) {
-        let rel = std::str::from_utf8(rel)?;
-        let (src, dst) = (root.join(rel), dest.join(rel));
+    for rel in crate::git_files(root, &[], "cargo-mutants")? {
+        let (src, dst) = (root.join(&rel), dest.join(&rel));
         if !src.exists() {
             continue;
         }

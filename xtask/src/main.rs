@@ -8,7 +8,7 @@
 
 #![forbid(unsafe_code)]
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 mod bench_peer;
 mod cargo_mutants;
@@ -129,6 +129,36 @@ pub fn cargo_command() -> std::process::Command {
         }
     }
     cmd
+}
+
+/// The paths `git ls-files -z ARGS` lists in `root` (relative to it), for `what`'s errors.
+pub fn git_files(root: &std::path::Path, args: &[&str], what: &str) -> Result<Vec<String>> {
+    let out = std::process::Command::new("git")
+        .arg("ls-files")
+        .arg("-z")
+        .args(args)
+        .current_dir(root)
+        .output()
+        .with_context(|| format!("{what}: cannot run git ls-files"))?;
+    if !out.status.success() {
+        bail!(
+            "{what}: git ls-files {} failed in {}",
+            args.join(" "),
+            root.display()
+        );
+    }
+    out.stdout
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            String::from_utf8(s.to_vec()).with_context(|| {
+                format!(
+                    "{what}: a path git lists is not UTF-8: {}",
+                    String::from_utf8_lossy(s)
+                )
+            })
+        })
+        .collect()
 }
 
 /// A command that runs onebit with `args`: the binary `$ONEBIT_BIN` names, or else

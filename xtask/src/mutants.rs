@@ -1331,23 +1331,11 @@ fn cargo(root: &Path, args: &[&str], no_run: bool) -> Command {
 
 /// The tree's untracked, unignored files (`git ls-files --others --exclude-standard`).
 fn untracked(root: &Path) -> Result<std::collections::BTreeSet<String>> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z", "--others", "--exclude-standard"])
-        .current_dir(root)
-        .output()
-        .context("mutants: git ls-files")?;
-    if !out.status.success() {
-        bail!(
-            "mutants: git ls-files --others failed in {}",
-            root.display()
-        );
-    }
-    Ok(out
-        .stdout
-        .split(|&b| b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect())
+    Ok(
+        crate::git_files(root, &["--others", "--exclude-standard"], "mutants")?
+            .into_iter()
+            .collect(),
+    )
 }
 
 /// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within

@@ -391,12 +391,20 @@ impl CpuModel {
         let levels = self.precision.levels().unwrap_or(q8::Levels::One);
         match (&self.head_int8, &self.head_tiles_q8) {
             (Some(int8), _) if self.head == HeadKind::Screened => {
-                let screen = self.quantized(hidden, n, q8::Levels::One);
                 let x = self.quantized(hidden, n, levels);
+                // The screen runs at one level: the head's own rows when they are one level.
+                let one;
+                let screen = match levels {
+                    q8::Levels::One => &x,
+                    q8::Levels::Two => {
+                        one = self.quantized(hidden, n, q8::Levels::One);
+                        &one
+                    }
+                };
                 q8::matmul_screened(
                     self.proposal_head(),
                     int8,
-                    &screen,
+                    screen,
                     &x,
                     SCREEN_CANDIDATES,
                     self.kernel,

@@ -218,37 +218,41 @@ fn tiny_gemma3_screened_head_is_per_row_and_the_int8_head_on_its_candidates() {
     let package = convert(dir.path());
     let v = package.config.vocab_size;
     let r = reference();
-    let with_head = |head| CpuOptions {
-        precision: Precision::auto(),
-        kv_type: KvType::Bf16,
-        head: Some(head),
-        ..Default::default()
-    };
-    let batched = CpuTarget::with_options(&package, with_head(HeadKind::Screened))
-        .unwrap()
-        .forward(&r.tokens)
-        .unwrap();
-    let mut one_by_one = CpuTarget::with_options(&package, with_head(HeadKind::Screened)).unwrap();
-    for (i, &t) in r.tokens.iter().enumerate() {
-        let row = one_by_one.forward(&[t]).unwrap();
-        assert_eq!(
-            row,
-            batched[i * v..(i + 1) * v],
-            "row {i}: batched differs from alone"
-        );
-    }
     assert!(
         v <= SCREEN_CANDIDATES,
         "the fixture's vocabulary ({v}) fits the candidates"
     );
-    let int8 = CpuTarget::with_options(&package, with_head(HeadKind::EmbeddingInt8))
-        .unwrap()
-        .forward(&r.tokens)
-        .unwrap();
-    assert_eq!(
-        batched, int8,
-        "every row a candidate: the int8 head's logits"
-    );
+    // Both integer precisions: at q8 the screen shares the head's one-level rows.
+    for precision in [Precision::Q8x2, Precision::Q8] {
+        let with_head = |head| CpuOptions {
+            precision,
+            kv_type: KvType::Bf16,
+            head: Some(head),
+            ..Default::default()
+        };
+        let batched = CpuTarget::with_options(&package, with_head(HeadKind::Screened))
+            .unwrap()
+            .forward(&r.tokens)
+            .unwrap();
+        let mut one_by_one =
+            CpuTarget::with_options(&package, with_head(HeadKind::Screened)).unwrap();
+        for (i, &t) in r.tokens.iter().enumerate() {
+            let row = one_by_one.forward(&[t]).unwrap();
+            assert_eq!(
+                row,
+                batched[i * v..(i + 1) * v],
+                "{precision:?} row {i}: batched differs from alone"
+            );
+        }
+        let int8 = CpuTarget::with_options(&package, with_head(HeadKind::EmbeddingInt8))
+            .unwrap()
+            .forward(&r.tokens)
+            .unwrap();
+        assert_eq!(
+            batched, int8,
+            "{precision:?}: every row a candidate: the int8 head's logits"
+        );
+    }
     // The default picks it only where the int8 head would outweigh the layers.
     assert!(!package.config.int8_head_outweighs_the_layers());
     assert_eq!(

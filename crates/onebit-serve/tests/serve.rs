@@ -2335,3 +2335,11 @@ fn a_store_model_that_cannot_load_is_a_500_naming_it() {
     let (st, v) = s.post("/v1/chat/completions", &chat("Hello", 2));
     assert_eq!(st, 200, "{v}");
 }
+
+/// A store with no model is refused by name before anything listens.
+#[test]
+fn a_store_of_no_models_is_refused() {
+    let options = onebit_serve::ServeOptions::new(onebit_serve::Served::Store(Vec::new()));
+    let e = onebit_serve::start(options).err().expect("refused");
+    assert_eq!(e.to_string(), "serve: no model to serve");
+}
