@@ -91,13 +91,12 @@ fn parse(args: &[String]) -> Result<Options> {
             "--json" => o.json = true,
             "--llama-bench-arg" => o.llama_extra.push(value("--llama-bench-arg")?),
             "--llama-build" => {
-                o.build = match value("--llama-build")?.as_str() {
-                    "native" => llama_cpp::Build::Native,
-                    "avx2" => llama_cpp::Build::Avx2,
-                    other => bail!(
-                        "bench-peer: --llama-build '{other}': native (the sdist's default) or avx2"
-                    ),
-                }
+                let name = value("--llama-build")?;
+                o.build = llama_cpp::Build::named(&name).with_context(|| {
+                    format!(
+                        "bench-peer: --llama-build '{name}': native (the sdist's default) or avx2"
+                    )
+                })?
             }
             "-h" | "--help" => {
                 println!("{USAGE}");

@@ -216,6 +216,13 @@ pub enum Build {
 }
 
 impl Build {
+    /// The build whose [`name`](Build::name) is `name`.
+    pub fn named(name: &str) -> Option<Build> {
+        [Build::Native, Build::Avx2]
+            .into_iter()
+            .find(|b| b.name() == name)
+    }
+
     /// The name `--llama-build` takes and reports print.
     pub fn name(self) -> &'static str {
         match self {

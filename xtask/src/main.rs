@@ -53,7 +53,7 @@ tasks:
                                            caught/missed counts; output in target/cargo-mutants
   bench-peer [--threads N] [--context N] [--json]
              [--model smollm2|gemma3 | --gguf PATH --model DIR]
-             [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
+             [--llama-build native|avx2] [--llama-bench-arg ARG] [-- ONEBIT-FLAGS]
                                            build llama.cpp's llama-bench (pinned llama-cpp-python
                                            sdist, cached in target/peer) and print it and onebit
                                            bench side by side on the same GGUF, as ratios (nightly);

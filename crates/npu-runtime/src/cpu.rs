@@ -291,8 +291,9 @@ impl CpuModel {
             // The tiles, and at most one 16-row int8 block per candidate.
             (HeadKind::Screened, Some(m)) => {
                 tiles
-                    + (SCREEN_CANDIDATES * m.byte_len() / m.rows().div_ceil(16).max(1))
-                        .min(m.byte_len())
+                    + (SCREEN_CANDIDATES * m.byte_len()
+                        / m.rows().div_ceil(q8::I8_BLOCK_ROWS).max(1))
+                    .min(m.byte_len())
             }
             (HeadKind::Tiles, _) => tiles,
             _ => c.vocab_size * c.hidden_size * 2,

@@ -266,15 +266,11 @@ fn tiny_gemma3_screened_head_is_per_row_and_the_int8_head_on_its_candidates() {
 /// (reported; measured: all 24 tokens), and not a degenerate repetition.
 #[test]
 fn real_gemma3_greedy_f32_and_default_agree() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/gemma3");
-    if !dir.join("model.q4nx").exists() {
-        test_support::skip!(
-            "real_gemma3_greedy_f32_and_default_agree",
-            "{} is absent (cargo xtask fetch-model gemma3)",
-            dir.display()
-        );
+    let Some(dir) =
+        test_support::fetched_model!("gemma3", "real_gemma3_greedy_f32_and_default_agree")
+    else {
         return;
-    }
+    };
     let package = Arc::new(TargetPackage::open(&dir).unwrap());
     let v = package.config.vocab_size;
     // Its 262144-row int8 head (189 MB) outweighs its layers (63 MB): screened by default.

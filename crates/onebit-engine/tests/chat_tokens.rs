@@ -165,14 +165,12 @@ fn a_bos_id_outside_the_vocabulary_is_refused_by_name() {
 /// `<|im_end|>` 2, one id each — with BOS once, even when the tokenizer adds one too.
 #[test]
 fn smollm2_chat_prompts_encode_to_its_special_ids_with_bos_once() {
-    let pkg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
-    if !pkg.join("tokenizer.json").exists() {
-        test_support::skip!(
-            "smollm2_chat_prompts_encode_to_its_special_ids_with_bos_once",
-            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
-        );
+    let Some(pkg) = test_support::fetched_model!(
+        "smollm2",
+        "smollm2_chat_prompts_encode_to_its_special_ids_with_bos_once"
+    ) else {
         return;
-    }
+    };
     let text = Text::open(&pkg).unwrap().unwrap();
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(pkg.join("config.json")).unwrap()).unwrap();

@@ -100,13 +100,16 @@ fn assert_bits_equal(got: &[f32], want: &[f32], stride: usize, what: &str) {
     }
 }
 
-fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64, levels: Levels) {
-    let dense = values(n_out * k, seed, 0.3);
-    let bytes: Vec<u8> = dense
+/// An `n_out × k` BF16 matrix of random values (as an embedding's bytes).
+fn bf16_weights(n_out: usize, k: usize, seed: u64) -> Vec<u8> {
+    values(n_out * k, seed, 0.3)
         .iter()
         .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-        .collect();
-    let w = I8Matrix::from_bf16(&bytes, n_out, k);
+        .collect()
+}
+
+fn check_i8(n_out: usize, k: usize, rows: usize, seed: u64, levels: Levels) {
+    let w = I8Matrix::from_bf16(&bf16_weights(n_out, k, seed), n_out, k);
     let x = values(rows * k, seed + 7, 2.0);
     let mut xq = QuantizedRows::default();
     xq.quantize_levels(&x, rows, k, levels);
@@ -510,11 +513,7 @@ fn two_levels_are_defined_by_the_reference_and_nearly_exact() {
         }
     }
     // The int8 head the same way.
-    let dense: Vec<u8> = values(40 * k, 33, 0.3)
-        .iter()
-        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-        .collect();
-    let head = I8Matrix::from_bf16(&dense, 40, k);
+    let head = I8Matrix::from_bf16(&bf16_weights(40, k, 33), 40, k);
     for isa in isas() {
         let y = q8::matmul_i8_levels(&head, &xq, Levels::Two, isa);
         for i in 0..rows {
@@ -551,11 +550,7 @@ fn the_screened_head_is_its_reference_on_every_isa_and_per_row() {
         (50, 5, 64, 3),
         (16, 2, 1, 4),
     ] {
-        let dense = values(n_out * k, seed, 0.3);
-        let bytes: Vec<u8> = dense
-            .iter()
-            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-            .collect();
+        let bytes = bf16_weights(n_out, k, seed);
         let int8 = I8Matrix::from_bf16(&bytes, n_out, k);
         // The screen: the same weights as q4 tiles (as a package's lm_head re-quantized
         // from its embedding).

@@ -288,7 +288,7 @@ pub enum HeadArg {
     Embedding,
     /// An int8 copy of the embedding (the default for re-quantized tied heads at q8).
     EmbeddingInt8,
-    /// The q4 tiles for every row, the int8 embedding for each row's 64 best (the
+    /// The q4 tiles for every row, the int8 embedding for each row's 256 best (the
     /// default where the int8 head outweighs the layers: Gemma 3).
     Screened,
 }

@@ -184,16 +184,12 @@ fn perplexity_refuses_windows_the_model_cannot_score() {
 /// the whole book, 1.0051). Deterministic: the same bits every run. About 15 s.
 #[test]
 fn real_gemma3_default_perplexity_is_within_one_percent_of_f32() {
-    let model =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/gemma3");
-    if !model.join("model.q4nx").exists() {
-        test_support::skip!(
-            "real_gemma3_default_perplexity_is_within_one_percent_of_f32",
-            "{} is absent (cargo xtask fetch-model gemma3)",
-            model.display()
-        );
+    let Some(model) = test_support::fetched_model!(
+        "gemma3",
+        "real_gemma3_default_perplexity_is_within_one_percent_of_f32"
+    ) else {
         return;
-    }
+    };
     let text = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/eighty-chapter-1.txt");
     let out = onebit()

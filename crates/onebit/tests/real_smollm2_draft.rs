@@ -5,30 +5,17 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::{json_of, onebit};
 use serde_json::Value;
-
-fn smollm2(test: &str) -> Option<PathBuf> {
-    let pkg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
-    if pkg.join("model.q4nx").exists() {
-        Some(pkg)
-    } else {
-        test_support::skip!(
-            test,
-            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
-        );
-        None
-    }
-}
 
 /// Greedy text with the random draft equals plain text, at adaptive k (the default:
 /// it falls to plain steps) and at fixed k = 7 (every round drafts a whole block and
 /// the target rejects it), and the draft package passes the checks against the target.
 #[test]
 fn real_smollm2_random_draft_text_equals_plain() {
-    let Some(pkg) = smollm2("real_smollm2_random_draft_text_equals_plain") else {
+    let Some(pkg) =
+        test_support::fetched_model!("smollm2", "real_smollm2_random_draft_text_equals_plain")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -1,23 +1,8 @@
 //! Prompt lookup on the real model: SmolLM2-135M-Instruct (`cargo xtask fetch-model
 //! smollm2`). Skipped by name, with the reason, when the model has not been fetched.
 
-use std::path::PathBuf;
-
 use assert_cmd::Command;
 use serde_json::Value;
-
-fn smollm2(test: &str) -> Option<PathBuf> {
-    let pkg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2");
-    if pkg.join("model.q4nx").exists() {
-        Some(pkg)
-    } else {
-        test_support::skip!(
-            test,
-            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
-        );
-        None
-    }
-}
 
 const EDIT: &str = "Fix the typos in this paragraph and write it out again: My freind and I \
 went to the libary on Tuesday to borow some books about the histroy of Rome. The librarian \
@@ -27,7 +12,9 @@ was very helpfull and showed us where to find them.";
 /// drafts are accepted) and an open-ended prompt (fixed k = 7, where most are not).
 #[test]
 fn real_smollm2_lookup_text_equals_plain() {
-    let Some(pkg) = smollm2("real_smollm2_lookup_text_equals_plain") else {
+    let Some(pkg) =
+        test_support::fetched_model!("smollm2", "real_smollm2_lookup_text_equals_plain")
+    else {
         return;
     };
     for (prompt, extra) in [

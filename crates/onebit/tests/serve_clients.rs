@@ -43,14 +43,9 @@ const KEY: &str = "the-clients-key";
 #[test]
 fn the_openai_and_ollama_python_clients_work_against_smollm2() {
     let test = "the_openai_and_ollama_python_clients_work_against_smollm2";
-    let pkg = workspace().join("target/models/smollm2");
-    if !pkg.join("model.q4nx").exists() {
-        test_support::skip!(
-            test,
-            "SmolLM2 not fetched (run `cargo xtask fetch-model smollm2`)"
-        );
+    let Some(pkg) = test_support::fetched_model!("smollm2", test) else {
         return;
-    }
+    };
     let python = workspace().join("target/client-venv/bin/python");
     if !python.exists() {
         test_support::skip!(

@@ -84,6 +84,36 @@ macro_rules! skip {
     };
 }
 
+/// The workspace's `target/models/<name>`, where `cargo xtask fetch-model <name>` puts
+/// a real model's converted package.
+pub fn model_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/models")
+        .join(name)
+}
+
+/// `fetched_model!("smollm2", "test_name")`: the fetched package's directory
+/// ([`model_dir`]) when its `model.q4nx` is there; otherwise `None`, after recording with
+/// [`skip!`] that `test_name` skipped for want of it (the reason names the model, which
+/// `.ci/run` looks for when the model was fetched).
+#[macro_export]
+macro_rules! fetched_model {
+    ($name:expr, $test:expr) => {{
+        let dir = $crate::model_dir($name);
+        if dir.join("model.q4nx").exists() {
+            Some(dir)
+        } else {
+            $crate::skip!(
+                $test,
+                "{} is absent (run `cargo xtask fetch-model {}`)",
+                dir.join("model.q4nx").display(),
+                $name
+            );
+            None
+        }
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

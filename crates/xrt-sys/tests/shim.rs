@@ -128,9 +128,12 @@ fn register_xclbin_needs_2_17() {
 
 /// `cargo check --features xrt` against this machine's (absent) and a fake old XRT:
 /// the build stops with the one sentence that says why. Runs cargo in the workspace's
-/// own target directory (cargo releases its lock while tests run), so the build
-/// dependencies (bindgen) CI's xrt clippy pass compiled are reused: in a target of its
-/// own this test took 44 s of a fresh CI run. The system's pkg-config files are hidden so
+/// own target directory (cargo releases its lock while tests run) with the selection and
+/// features of CI's clippy pass (`--workspace --all-targets --features onebit/xrt`), so
+/// feature unification gives the very build dependencies (bindgen and its syn) that pass
+/// compiled: xrt-sys's build script is the first thing to run, and stops the check. With
+/// `-p xrt-sys` the host dependencies unified differently and were built again: 28 s of a
+/// fresh CI run, 44 s in a target of its own. The system's pkg-config files are hidden so
 /// only the given XRT is seen.
 #[test]
 fn the_xrt_feature_refuses_a_missing_or_old_xrt_by_name() {
@@ -146,7 +149,14 @@ fn the_xrt_feature_refuses_a_missing_or_old_xrt_by_name() {
     let check = |xilinx_xrt: Option<&std::path::Path>| -> String {
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.current_dir(&workspace)
-            .args(["check", "--quiet", "-p", "xrt-sys", "--features", "xrt"])
+            .args([
+                "check",
+                "--quiet",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                "onebit/xrt",
+            ])
             .env("CARGO_TARGET_DIR", workspace.join("target"))
             .env("PKG_CONFIG_PATH", empty.path())
             .env("PKG_CONFIG_LIBDIR", empty.path())
