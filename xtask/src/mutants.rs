@@ -134,6 +134,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &["avx512f", "avx512bw", "avx512vl", "avx512vnni"],
     },
     Mutant {
+        name: "q8-parallel-quantizer-skips-the-last-row",
+        file: "crates/onebit-kernels/src/q8/quantize.rs",
+        find: "let share = rows.len() * t / tasks..rows.len() * (t + 1) / tasks;",
+        replace: "let share = rows.len() * t / tasks..(rows.len() * (t + 1) / tasks).max(1) - 1;",
+        tests: &["-p", "onebit-kernels", "--test", "q8"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "q8-avx512-quantizer-codes-nan-as-the-clamp",
         file: "crates/onebit-kernels/src/q8/x86.rs",
         find: "_mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), clamped)",

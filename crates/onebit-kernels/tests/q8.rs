@@ -628,3 +628,55 @@ fn top_rows_keeps_the_largest_with_ties_to_the_lower_index() {
     assert_eq!(q8::top_rows(&v, 0), Vec::<usize>::new());
     assert_eq!(q8::top_rows(&[f32::NAN, f32::NAN], 1), [0]);
 }
+
+/// From `q8::PARALLEL_VALUES` values on a team of two threads shares the rows out: every
+/// row's codes, scales, sums and code sums (both levels) equal that row quantized alone,
+/// on every ISA, at sizes on both sides of the threshold and with a row count the
+/// threads do not divide.
+#[test]
+fn rows_shared_out_over_a_team_equal_rows_quantized_alone() {
+    let team = onebit_kernels::team::Team::new(2, "q8-test").unwrap();
+    let k = 576;
+    for rows in [2, 8, 15, 17] {
+        assert_eq!(
+            rows * k >= q8::PARALLEL_VALUES,
+            rows >= 15,
+            "the sizes straddle the threshold"
+        );
+        let x = values(rows * k, 40 + rows as u64, 2.0);
+        for levels in [Levels::One, Levels::Two] {
+            for isa in Isa::available() {
+                let mut all = QuantizedRows::default();
+                team.install(|| all.quantize_levels_on(isa, &x, rows, k, levels));
+                let count = levels.count();
+                for i in 0..rows {
+                    let mut alone = QuantizedRows::default();
+                    alone.quantize_levels_on(isa, &x[i * k..(i + 1) * k], 1, k, levels);
+                    for l in 0..count {
+                        let what =
+                            format!("{}: {rows} rows, {levels:?}, row {i} level {l}", isa.name());
+                        assert_eq!(all.codes(count * i + l), alone.codes(l), "{what}: codes");
+                        for g in 0..k / 32 {
+                            let (a, b) = ((count * i + l, g), (l, g));
+                            assert_eq!(
+                                all.scale(a.0, a.1).to_bits(),
+                                alone.scale(b.0, b.1).to_bits(),
+                                "{what}: scale {g}"
+                            );
+                            assert_eq!(
+                                all.sum(a.0, a.1).to_bits(),
+                                alone.sum(b.0, b.1).to_bits(),
+                                "{what}: sum {g}"
+                            );
+                            assert_eq!(
+                                all.code_sum(a.0, a.1),
+                                alone.code_sum(b.0, b.1),
+                                "{what}: code sum {g}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -34,7 +34,7 @@ mod screen;
 mod x86;
 
 pub use pack::{I8Matrix, PackedQ4};
-pub use quantize::{quantize_group, Levels, QuantizedRows};
+pub use quantize::{quantize_group, Levels, QuantizedRows, PARALLEL_VALUES};
 pub use screen::{matmul_screened, top_rows};
 // For the variants' `super::` imports.
 use quantize::GroupStats;

@@ -258,49 +258,59 @@ impl QuantizedRows {
     }
 
     /// Quantizes every group of `x` into the sized buffers, each group by `quantize`
-    /// (the reference's [`quantize_group_stats`] or an equal SIMD version).
+    /// (the reference's [`quantize_group_stats`] or an equal SIMD version). From
+    /// [`PARALLEL_VALUES`] values on, the input rows are shared out over the threads of
+    /// [`crate::team::parallel_for`]: each row's buffers are its own, so the split
+    /// cannot change a bit.
     #[inline(always)]
     fn quantize_body(
         &mut self,
         x: &[f32],
         levels: Levels,
-        quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats,
+        quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats
+            + Sync,
     ) {
         let (k, count) = (self.k, levels.count());
-        let groups = k / GROUP;
-        for (at, values) in x.chunks_exact(GROUP).enumerate() {
-            let values: &[f32; GROUP] = values.try_into().expect("chunks of GROUP");
-            let (i, g) = (at / groups, at % groups);
-            // Level row `count·i`, group `g`; its residual row is one row (K codes) on.
-            let gi = count * i * groups + g;
-            let start = count * i * k + g * GROUP;
-            match levels {
-                Levels::One => {
-                    let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
-                        .try_into()
-                        .expect("a group");
-                    let stats = quantize(values, codes, None);
-                    self.sums[gi] = stats.sum;
-                    self.scales[gi] = stats.amax / 127.0;
-                    self.code_sums[gi] = stats.code_sum;
-                }
-                Levels::Two => {
-                    let (upper, lower) = self.codes[start..].split_at_mut(k);
-                    let codes: &mut [i8; GROUP] =
-                        (&mut upper[..GROUP]).try_into().expect("a group");
-                    let residual: &mut [i8; GROUP] =
-                        (&mut lower[..GROUP]).try_into().expect("a group");
-                    let stats = quantize(values, codes, Some(residual));
-                    self.sums[gi] = stats.sum;
-                    // A division by a power of two: exact (short of underflow).
-                    self.scales[gi] = stats.amax / 127.0 / 128.0;
-                    self.scales[gi + groups] = self.scales[gi];
-                    self.sums[gi + groups] = 0.0;
-                    self.code_sums[gi] = stats.code_sum;
-                    self.code_sums[gi + groups] = stats.residual_code_sum;
-                }
-            }
+        if self.rows == 0 || k == 0 {
+            return;
         }
+        let groups = k / GROUP;
+        let rows = self.codes.chunks_exact_mut(count * k).zip(
+            self.scales.chunks_exact_mut(count * groups).zip(
+                self.sums
+                    .chunks_exact_mut(count * groups)
+                    .zip(self.code_sums.chunks_exact_mut(count * groups)),
+            ),
+        );
+        let rows =
+            x.chunks_exact(k)
+                .zip(rows)
+                .map(|(input, (codes, (scales, (sums, code_sums))))| RowBuffers {
+                    input,
+                    codes,
+                    scales,
+                    sums,
+                    code_sums,
+                });
+        if self.rows < 2 || self.rows * k < PARALLEL_VALUES || crate::team::current_threads() < 2 {
+            for mut row in rows {
+                row.quantize(levels, &quantize);
+            }
+            return;
+        }
+        // One lock per row, each taken once by the task whose share holds that row
+        // (never contended). A task's rows are contiguous: rows handed out one by one
+        // would have both threads writing the scales of neighbouring rows, which share
+        // cache lines.
+        let rows: Vec<std::sync::Mutex<RowBuffers<'_>>> = rows.map(std::sync::Mutex::new).collect();
+        let tasks = crate::team::current_threads().min(rows.len());
+        crate::team::parallel_for(tasks, &|t| {
+            let share = rows.len() * t / tasks..rows.len() * (t + 1) / tasks;
+            for row in &rows[share] {
+                let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
+                row.quantize(levels, &quantize);
+            }
+        });
     }
 
     /// The levels each input row carries.
@@ -341,6 +351,69 @@ impl QuantizedRows {
     /// Sum of level row `i`'s codes in group `g`.
     pub fn code_sum(&self, i: usize, g: usize) -> i32 {
         self.code_sums[i * (self.k / GROUP) + g]
+    }
+}
+
+/// Values (rows × columns) from which [`QuantizedRows::quantize_levels_on`] shares the
+/// rows out over the threads. Measured on a 2-vCPU Ice Lake Xeon (AVX-512, two levels,
+/// 100k back-to-back calls on a two-thread team): 8 × 576 values took 3.9 µs alone and
+/// 4.3 µs shared (a region's hand-off costs more than half the work saves), 8 × 1536
+/// 9.9 against 8.1 µs, 16 × 576 7.6 against 5.5 µs.
+pub const PARALLEL_VALUES: usize = 8192;
+
+/// One input row's inputs and its slices of the [`QuantizedRows`] buffers: `count · k`
+/// codes (level after level) and `count · groups` scales, sums and code sums.
+struct RowBuffers<'a> {
+    input: &'a [f32],
+    codes: &'a mut [i8],
+    scales: &'a mut [f32],
+    sums: &'a mut [f32],
+    code_sums: &'a mut [i32],
+}
+
+impl RowBuffers<'_> {
+    /// Quantizes the row's groups by `quantize` into its slices.
+    #[inline(always)]
+    fn quantize(
+        &mut self,
+        levels: Levels,
+        quantize: &impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats,
+    ) {
+        let k = self.input.len();
+        let groups = k / GROUP;
+        for (g, values) in self.input.chunks_exact(GROUP).enumerate() {
+            let values: &[f32; GROUP] = values.try_into().expect("chunks of GROUP");
+            let start = g * GROUP;
+            match levels {
+                Levels::One => {
+                    let codes: &mut [i8; GROUP] = (&mut self.codes[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let stats = quantize(values, codes, None);
+                    self.sums[g] = stats.sum;
+                    self.scales[g] = stats.amax / 127.0;
+                    self.code_sums[g] = stats.code_sum;
+                }
+                Levels::Two => {
+                    // The residual level row is one row (K codes) on.
+                    let (upper, lower) = self.codes.split_at_mut(k);
+                    let codes: &mut [i8; GROUP] = (&mut upper[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let residual: &mut [i8; GROUP] = (&mut lower[start..start + GROUP])
+                        .try_into()
+                        .expect("a group");
+                    let stats = quantize(values, codes, Some(residual));
+                    self.sums[g] = stats.sum;
+                    // A division by a power of two: exact (short of underflow).
+                    self.scales[g] = stats.amax / 127.0 / 128.0;
+                    self.scales[g + groups] = self.scales[g];
+                    self.sums[g + groups] = 0.0;
+                    self.code_sums[g] = stats.code_sum;
+                    self.code_sums[g + groups] = stats.residual_code_sum;
+                }
+            }
+        }
     }
 }
 
