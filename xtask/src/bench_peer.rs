@@ -11,6 +11,10 @@
 //! (decode and the 1- and 8-row passes after N tokens of KV cache) and its `pp N` (a
 //! prompt of N tokens from empty), beside `onebit bench --context N` (which prefills N
 //! tokens, then decodes and times its passes at that depth).
+//!
+//! A last table (`--streams N`, 4 by default, 0 to skip) sets N concurrent greedy streams
+//! against one: llama.cpp's `llama-batched-bench -npl 1,N` (built from the same tree)
+//! beside `onebit bench --sessions N`, each the total generated tokens per second.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -23,7 +27,12 @@ use crate::llama_cpp::{self, LLAMA_CPP_PYTHON};
 
 const USAGE: &str = "usage: cargo xtask bench-peer [--threads N] [--context N] [--json] \
 [--model smollm2|gemma3 | --gguf PATH --model DIR] [--llama-build native|avx2] [--llama-bench-arg ARG ...] \
-[-- ONEBIT-BENCH-FLAGS]";
+[--streams N] [-- ONEBIT-BENCH-FLAGS]";
+
+/// Prompt tokens of each stream in the concurrent-streams table (as `onebit bench
+/// --sessions` uses), and the tokens each stream generates.
+const STREAM_PROMPT: usize = 32;
+const STREAM_TOKENS: usize = 128;
 
 struct Options {
     threads: usize,
@@ -38,6 +47,8 @@ struct Options {
     llama_extra: Vec<String>,
     /// Which llama.cpp build (`--llama-build`, native by default).
     build: llama_cpp::Build,
+    /// Concurrent streams of the streams table (`--streams N`, 4 by default; 0: no table).
+    streams: usize,
 }
 
 /// The fetched models bench-peer knows by name.
@@ -58,6 +69,7 @@ fn parse(args: &[String]) -> Result<Options> {
         onebit_extra: Vec::new(),
         llama_extra: Vec::new(),
         build: llama_cpp::Build::Native,
+        streams: 4,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -90,6 +102,16 @@ fn parse(args: &[String]) -> Result<Options> {
             "--model" => o.model = Some(value("--model")?.into()),
             "--json" => o.json = true,
             "--llama-bench-arg" => o.llama_extra.push(value("--llama-bench-arg")?),
+            "--streams" => {
+                let v = value("--streams")?;
+                o.streams = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n != 1 && n <= 64)
+                    .with_context(|| {
+                        format!("bench-peer: --streams '{v}': 0 (no streams table) or 2 to 64")
+                    })?;
+            }
             "--llama-build" => {
                 let name = value("--llama-build")?;
                 o.build = llama_cpp::Build::named(&name).with_context(|| {
@@ -137,7 +159,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     let peer = llama_cpp::peer_dir()?;
 
-    step!("[1/5] model");
+    step!("[1/6] model");
     let (gguf, model) = match (&o.gguf, &o.model) {
         (Some(g), Some(m)) => (g.clone(), m.clone()),
         _ => {
@@ -171,19 +193,19 @@ pub fn run(args: &[String]) -> Result<()> {
     }
 
     step!(
-        "[2/5] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
+        "[2/6] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
         peer.display()
     );
     let llama_bench = llama_cpp::ensure_tool(&peer, "llama-bench", o.build)?;
 
-    step!("[3/5] onebit (cargo build --release -p onebit)");
+    step!("[3/6] onebit (cargo build --release -p onebit)");
     let onebit = build_onebit(&root)?;
 
     let load_before = load_average();
-    step!("[4/5] llama-bench on {}", gguf.display());
+    step!("[4/6] llama-bench on {}", gguf.display());
     let peer_rows = run_llama_bench(&llama_bench, &gguf, &o, &peer)?;
 
-    step!("[5/5] onebit bench on {}", model.display());
+    step!("[5/6] onebit bench on {}", model.display());
     let ours = run_onebit_bench(&onebit, &model, o.threads, &o.onebit_extra)?;
     let ours_deep = match o.context {
         Some(n) => {
@@ -194,6 +216,17 @@ pub fn run(args: &[String]) -> Result<()> {
         None => None,
     };
 
+    let streams = match o.streams {
+        0 => None,
+        n => {
+            step!("[6/6] {n} concurrent streams against one: llama-batched-bench and onebit bench --sessions {n}");
+            let batched = llama_cpp::ensure_tool(&peer, "llama-batched-bench", o.build)?;
+            let peer_streams = run_batched_bench(&batched, &gguf, &o, &peer)?;
+            let ours = run_onebit_sessions(&onebit, &model, o.threads, n)?;
+            Some(StreamFigures::new(peer_streams, &ours)?)
+        }
+    };
+
     let report = Report::new(
         &o,
         load_before,
@@ -202,6 +235,7 @@ pub fn run(args: &[String]) -> Result<()> {
         &model,
         &peer_rows,
         (&ours, ours_deep.as_ref()),
+        streams,
     )?;
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
@@ -352,6 +386,130 @@ fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) 
         .with_context(|| format!("bench-peer: step 'onebit bench': cannot parse its JSON: {line}"))
 }
 
+/// Total generated tokens/s of one stream and of `streams` concurrent ones, for each
+/// engine: llama-batched-bench's `pl` 1 and N (its sequences decoded in one batch) and
+/// `onebit bench --sessions N` (one at a time, then in shared passes). Both count the
+/// generated tokens over the whole time of the requests, their prompts' prefill included.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StreamFigures {
+    streams: usize,
+    peer: (f64, f64),
+    ours: (f64, f64),
+}
+
+impl StreamFigures {
+    fn new(peer: (usize, f64, f64), ours: &Value) -> Result<StreamFigures> {
+        let get = |k: &str| {
+            ours[k]
+                .as_f64()
+                .with_context(|| format!("bench-peer: onebit bench --sessions printed no '{k}'"))
+        };
+        Ok(StreamFigures {
+            streams: peer.0,
+            peer: (peer.1, peer.2),
+            ours: (
+                get("one_at_a_time_tokens_per_second")?,
+                get("together_tokens_per_second")?,
+            ),
+        })
+    }
+}
+
+/// llama-batched-bench's JSON lines: each `pl`'s generated tokens (`pl · tg`) over its
+/// whole time `t` (prompts and generation).
+fn batched_rates(jsonl: &str, streams: usize) -> Result<(f64, f64)> {
+    let rate = |pl: usize| -> Result<f64> {
+        for line in jsonl.lines().filter(|l| l.trim_start().starts_with('{')) {
+            let v: Value = serde_json::from_str(line).with_context(|| {
+                format!("bench-peer: llama-batched-bench printed a bad JSON line: {line}")
+            })?;
+            if v["pl"].as_u64() == Some(pl as u64) {
+                let (tg, t) = (v["tg"].as_f64(), v["t"].as_f64());
+                return match (tg, t) {
+                    (Some(tg), Some(t)) if t > 0.0 => Ok(pl as f64 * tg / t),
+                    _ => bail!(
+                        "bench-peer: llama-batched-bench's line for pl {pl} lacks tg or t: {line}"
+                    ),
+                };
+            }
+        }
+        bail!("bench-peer: llama-batched-bench printed no line for pl {pl}")
+    };
+    Ok((rate(1)?, rate(streams)?))
+}
+
+fn run_batched_bench(
+    bin: &Path,
+    gguf: &Path,
+    o: &Options,
+    peer: &Path,
+) -> Result<(usize, f64, f64)> {
+    let n = o.streams;
+    let mut cmd = Command::new(bin);
+    cmd.arg("-m")
+        .arg(gguf)
+        .args(["-t", &o.threads.to_string(), "-tb", &o.threads.to_string()])
+        .args(["-c", &(n * (STREAM_PROMPT + STREAM_TOKENS)).to_string()])
+        .args([
+            "-npp",
+            &STREAM_PROMPT.to_string(),
+            "-ntg",
+            &STREAM_TOKENS.to_string(),
+        ])
+        .args(["-npl", &format!("1,{n}"), "--output-format", "jsonl"]);
+    let shown = format!("{cmd:?}");
+    step!("  {shown}");
+    let log = peer.join("llama-batched-bench.log");
+    let out = cmd
+        .stderr(File::create(&log)?)
+        .output()
+        .with_context(|| format!("bench-peer: step 'streams': cannot start {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "bench-peer: step 'streams' failed ({}): {shown}; its stderr is in {}",
+            out.status,
+            log.display()
+        );
+    }
+    let (one, many) = batched_rates(&String::from_utf8_lossy(&out.stdout), n)?;
+    Ok((n, one, many))
+}
+
+fn run_onebit_sessions(bin: &Path, model: &Path, threads: usize, n: usize) -> Result<Value> {
+    let extra = [
+        "--sessions".to_string(),
+        n.to_string(),
+        "--tokens".to_string(),
+        STREAM_TOKENS.to_string(),
+    ];
+    let mut cmd = Command::new(bin);
+    cmd.arg("bench")
+        .arg("--model")
+        .arg(model)
+        .args(["--json", "--threads", &threads.to_string()])
+        .args(extra);
+    let shown = format!("{cmd:?}");
+    step!("  {shown}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("bench-peer: step 'streams': cannot start {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "bench-peer: step 'streams' failed ({}): {shown}",
+            out.status
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("bench-peer: step 'streams': {shown} printed no JSON object"))?;
+    serde_json::from_str(line)
+        .with_context(|| format!("bench-peer: step 'streams': cannot parse its JSON: {line}"))
+}
+
 // ---------------------------------------------------------------------------------------
 // The report.
 
@@ -461,6 +619,7 @@ struct Report {
     ours_deep: Option<Figures>,
     onebit_raw: Value,
     peer_raw: Vec<Value>,
+    streams: Option<StreamFigures>,
 }
 
 const ISA: &[&str] = &["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni"];
@@ -519,6 +678,7 @@ impl Report {
         peer_rows: &[PeerRow],
         // `onebit bench`'s JSON, and at --context N its deep run's.
         (onebit, onebit_deep): (&Value, Option<&Value>),
+        streams: Option<StreamFigures>,
     ) -> Result<Self> {
         let (cpu, isa) = cpu_info();
         let first = peer_rows
@@ -549,6 +709,7 @@ impl Report {
             ours_deep: onebit_deep.map(Figures::from_onebit),
             onebit_raw: onebit.clone(),
             peer_raw: peer_rows.iter().map(|r| r.raw.clone()).collect(),
+            streams,
         })
     }
 
@@ -616,6 +777,36 @@ impl Report {
         println!();
         println!("llama.cpp: tg128 (decode), pp128 (prefill), pp1 and pp8 (a pass of n rows = n / pp_n tok/s), each the mean of 5 runs from an empty KV cache.");
         println!("onebit bench: prefill best of 2; decode steps after the prompt; n-row passes best of 12 after those, rolled back each time.");
+        if let Some(s) = &self.streams {
+            println!();
+            println!(
+                "{} concurrent greedy streams ({STREAM_PROMPT}-token prompts, {STREAM_TOKENS} tokens each) against one, total generated tok/s:",
+                s.streams
+            );
+            println!(
+                "{:<20} {:>11} {:>11} {:>17}",
+                "figure", "llama.cpp", "onebit", "onebit/llama.cpp"
+            );
+            let n = s.streams;
+            for (name, p, o) in [
+                ("1 stream tok/s".to_string(), s.peer.0, s.ours.0),
+                (format!("{n} streams tok/s"), s.peer.1, s.ours.1),
+                (
+                    format!("{n} streams / 1"),
+                    s.peer.1 / s.peer.0,
+                    s.ours.1 / s.ours.0,
+                ),
+            ] {
+                println!(
+                    "{:<20} {:>11} {:>11} {:>17.2}",
+                    name,
+                    fmt(Some(p)),
+                    fmt(Some(o)),
+                    o / p
+                );
+            }
+            println!("llama.cpp: llama-batched-bench -npl 1,{n} (one batch of {n} sequences). onebit: bench --sessions {n} (one at a time, then shared passes; texts checked equal).");
+        }
         if let (Some(n), Some(deep)) = (self.context, &self.peer_deep) {
             println!();
             println!(
@@ -676,6 +867,13 @@ impl Report {
                 "tokens": n,
                 "figures": table(self.ours_deep.as_ref(), deep),
             })),
+            "streams": self.streams.map(|s| json!({
+                "streams": s.streams,
+                "prompt_tokens": STREAM_PROMPT,
+                "tokens_per_stream": STREAM_TOKENS,
+                "llama_cpp": {"one_stream_tokens_per_second": s.peer.0, "streams_tokens_per_second": s.peer.1, "streams_vs_one": s.peer.1 / s.peer.0},
+                "onebit": {"one_stream_tokens_per_second": s.ours.0, "streams_tokens_per_second": s.ours.1, "streams_vs_one": s.ours.1 / s.ours.0},
+            })),
             "llama_bench_raw": self.peer_raw,
             "onebit_bench_raw": self.onebit_raw,
         })
@@ -734,6 +932,25 @@ mod tests {
     }
 
     #[test]
+    fn batched_bench_rates_count_generated_tokens_over_the_whole_time() {
+        let jsonl = "main: n_kv_max = 640\n\
+            {\"pp\": 32, \"tg\": 128, \"pl\": 1, \"t_pp\": 0.1, \"t_tg\": 1.0, \"t\": 1.28}\n\
+            {\"pp\": 32, \"tg\": 128, \"pl\": 4, \"t_pp\": 0.3, \"t_tg\": 2.0, \"t\": 2.56}\n";
+        assert_eq!(batched_rates(jsonl, 4).unwrap(), (100.0, 200.0));
+        let err = batched_rates(jsonl, 8).unwrap_err().to_string();
+        assert!(err.contains("no line for pl 8"), "{err}");
+        let err = batched_rates("{\"pl\": 1, \"tg\": 128}", 4)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lacks tg or t"), "{err}");
+        let ours =
+            json!({"one_at_a_time_tokens_per_second": 150.0, "together_tokens_per_second": 300.0});
+        let s = StreamFigures::new((4, 100.0, 200.0), &ours).unwrap();
+        assert_eq!((s.peer, s.ours), ((100.0, 200.0), (150.0, 300.0)));
+        assert!(StreamFigures::new((4, 1.0, 2.0), &json!({})).is_err());
+    }
+
+    #[test]
     fn onebit_figures_come_from_its_bench_json() {
         let v = json!({
             "prefill_tokens_per_second": 500.0,
@@ -757,6 +974,15 @@ mod tests {
         assert_eq!(o.llama_extra, a("--poll 0"));
         assert_eq!(o.onebit_extra, a("--head tiles"));
         assert_eq!(o.fetched, Fetched::Smollm2);
+        assert_eq!(o.streams, 4);
+        assert_eq!(parse(&a("--streams 0")).unwrap().streams, 0);
+        assert_eq!(parse(&a("--streams 8")).unwrap().streams, 8);
+        for bad in ["--streams 1", "--streams 65", "--streams x"] {
+            let Err(err) = parse(&a(bad)) else {
+                panic!("{bad} was accepted")
+            };
+            assert!(err.to_string().contains("--streams"), "{bad}: {err}");
+        }
         assert!(parse(&a("--gguf x.gguf")).is_err());
         let o = parse(&a("--model gemma3")).unwrap();
         assert_eq!((o.fetched, o.model, o.gguf), (Fetched::Gemma3, None, None));
