@@ -235,8 +235,8 @@ pub fn run(args: &[String]) -> Result<()> {
         &model,
         &peer_rows,
         (&ours, ours_deep.as_ref()),
-        streams,
     )?;
+    let report = Report { streams, ..report };
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
@@ -678,7 +678,6 @@ impl Report {
         peer_rows: &[PeerRow],
         // `onebit bench`'s JSON, and at --context N its deep run's.
         (onebit, onebit_deep): (&Value, Option<&Value>),
-        streams: Option<StreamFigures>,
     ) -> Result<Self> {
         let (cpu, isa) = cpu_info();
         let first = peer_rows
@@ -709,7 +708,7 @@ impl Report {
             ours_deep: onebit_deep.map(Figures::from_onebit),
             onebit_raw: onebit.clone(),
             peer_raw: peer_rows.iter().map(|r| r.raw.clone()).collect(),
-            streams,
+            streams: None,
         })
     }
 
