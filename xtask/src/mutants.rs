@@ -581,6 +581,15 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &[],
     },
     Mutant {
+        name: "rms-norm-interleaved-rows-sum-in-reverse",
+        file: "crates/onebit-kernels/src/elementwise.rs",
+        find: "for c in 0..width {",
+        replace: "for c in (0..width).rev() {",
+        tests: &["-p", "onebit-kernels", "--test", "elementwise"],
+        also: None,
+        requires: &[],
+    },
+    Mutant {
         name: "swiglu-chunks-read-up-at-the-wrong-offset",
         file: "crates/onebit-kernels/src/elementwise.rs",
         find: "serial(g, &up[i * CHUNK..])",

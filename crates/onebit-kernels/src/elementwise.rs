@@ -61,16 +61,55 @@ fn first_max_body(values: &[f32]) -> usize {
         .unwrap_or(0)
 }
 
-/// `out = x / sqrt(mean(x²) + eps) * gain`, one row at a time, sums in index order.
+/// `out = x / sqrt(mean(x²) + eps) * gain` per row, each row's sum of squares in index
+/// order (one f32 accumulator from 0, `v · v` rounded before each add).
+///
+/// That sum is a chain of dependent adds, bound by the add's latency; rows are
+/// independent, so up to [`NORM_ROWS`] rows' chains advance together (each in its own
+/// order, so every row's bits are those it has alone). A pass of 8 rows spent 0.5 ms of
+/// its 13 in these chains one row after another (SmolLM2, Ice Lake Xeon).
 pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
     let width = gain.len();
-    for (row, dst) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
-        let mut ss = 0f32;
-        for &v in row {
-            ss += v * v;
+    if width == 0 {
+        return;
+    }
+    let rows = (x.len() / width).min(out.len() / width);
+    let mut r0 = 0;
+    while r0 < rows {
+        let at = |n: usize| r0 * width..(r0 + n) * width;
+        match rows - r0 {
+            1 => rms_norm_rows::<1>(&x[at(1)], gain, eps, &mut out[at(1)]),
+            2 => rms_norm_rows::<2>(&x[at(2)], gain, eps, &mut out[at(2)]),
+            3 => rms_norm_rows::<3>(&x[at(3)], gain, eps, &mut out[at(3)]),
+            4..NORM_ROWS => rms_norm_rows::<4>(&x[at(4)], gain, eps, &mut out[at(4)]),
+            _ => rms_norm_rows::<NORM_ROWS>(&x[at(NORM_ROWS)], gain, eps, &mut out[at(NORM_ROWS)]),
         }
-        let inv = 1.0 / (ss / width as f32 + eps).sqrt();
-        for ((o, &v), &g) in dst.iter_mut().zip(row).zip(gain) {
+        r0 += match rows - r0 {
+            n @ 1..=3 => n,
+            4..NORM_ROWS => 4,
+            _ => NORM_ROWS,
+        };
+    }
+}
+
+/// Rows whose sums of squares [`rms_norm`] interleaves.
+pub const NORM_ROWS: usize = 8;
+
+/// [`rms_norm`] of exactly `R` rows, their sums advancing column by column.
+#[inline(always)]
+fn rms_norm_rows<const R: usize>(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
+    let width = gain.len();
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * width..(r + 1) * width]);
+    let mut ss = [0f32; R];
+    for c in 0..width {
+        for r in 0..R {
+            let v = rows[r][c];
+            ss[r] += v * v;
+        }
+    }
+    for (r, dst) in out.chunks_exact_mut(width).enumerate().take(R) {
+        let inv = 1.0 / (ss[r] / width as f32 + eps).sqrt();
+        for ((o, &v), &g) in dst.iter_mut().zip(rows[r]).zip(gain) {
             *o = g * (v * inv);
         }
     }

@@ -181,3 +181,47 @@ fn first_max_is_the_first_index_of_the_largest_number_on_every_isa() {
         assert_eq!(first_max(isa, &[]), 0, "empty: 0");
     }
 }
+
+/// `rms_norm` of many rows (their sums of squares interleaved) equals each row normed by
+/// the definition: one f32 accumulator from 0, squares added in index order, then
+/// `g · (v · (1 / sqrt(ss / width + eps)))`, bit for bit, for every row count up to past
+/// two interleaved blocks, widths of 1 to 577, and rows of very different scales.
+#[test]
+fn rms_norm_rows_equal_the_row_by_row_definition() {
+    fn definition(row: &[f32], gain: &[f32], eps: f32) -> Vec<f32> {
+        let mut ss = 0f32;
+        for &v in row {
+            ss += v * v;
+        }
+        let inv = 1.0 / (ss / row.len() as f32 + eps).sqrt();
+        row.iter().zip(gain).map(|(&v, &g)| g * (v * inv)).collect()
+    }
+    for width in [1, 7, 64, 576, 577] {
+        let (gain, _) = inputs(width, 3);
+        for rows in 0..=2 * onebit_kernels::elementwise::NORM_ROWS + 1 {
+            let (mut x, _) = inputs(rows * width, 11 + rows as u32);
+            // Rows scaled over nine orders of magnitude: rounding differs row by row.
+            for (r, row) in x.chunks_exact_mut(width).enumerate() {
+                let scale = 10f32.powi(r as i32 % 10 - 5);
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+            let mut out = vec![f32::NAN; rows * width];
+            onebit_kernels::elementwise::rms_norm(&x, &gain, 1e-6, &mut out);
+            for (r, (row, got)) in x
+                .chunks_exact(width)
+                .zip(out.chunks_exact(width))
+                .enumerate()
+            {
+                let want = definition(row, &gain, 1e-6);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "width {width}, {rows} rows: row {r} differs from the definition"
+                );
+            }
+        }
+    }
+}
