@@ -97,6 +97,8 @@ pub const NORM_ROWS: usize = 8;
 
 /// [`rms_norm`] of exactly `R` rows, their sums advancing column by column.
 #[inline(always)]
+// The column indexes every row at once.
+#[allow(clippy::needless_range_loop)]
 fn rms_norm_rows<const R: usize>(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
     let width = gain.len();
     let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * width..(r + 1) * width]);
