@@ -24,6 +24,11 @@ use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 const MAX_R: usize = 4;
 /// Level rows per sweep of the AVX-512 q4 kernel (a multiple of every level count).
 const WIDE_R: usize = 8;
+/// Input rows per sweep of the AVX-512 q4 kernel at one level: each input row is an
+/// output row of both halves' accumulators besides its level row's, so eight of them
+/// (32 registers of sums alone) spilled to the stack. Measured on one thread of an Ice
+/// Lake Xeon, 1536 × 576, one level: 8 rows took 89–121 µs at 8 a sweep, 60–76 at 4 (16 rows: 181–230 against 117–126), five alternating runs.
+const WIDE_R_ONE_LEVEL: usize = 4;
 /// How many groups ahead the first sweep of a block prefetches (about 7 KB of q4 weights):
 /// far enough that a pass of 2–4 rows finds its weights arriving while it computes, not
 /// waiting for them. Measured on SmolLM2 (2 threads, AVX-512 VNNI Xeon, three
@@ -216,7 +221,12 @@ pub(super) unsafe fn block_q4_avx512vnni(
     x: &QuantizedRows,
     out: &mut Out<'_>,
 ) {
-    unsafe { sweep_inputs!([1 2 3 4 5 6 7] WIDE_R, q4_512, w, b, x, out) }
+    unsafe {
+        match x.levels() {
+            Levels::One => sweep_inputs!(@levels 1, [1 2 3] WIDE_R_ONE_LEVEL, q4_512, w, b, x, out),
+            Levels::Two => sweep_inputs!(@levels 2, [1 2 3 4 5 6 7] WIDE_R, q4_512, w, b, x, out),
+        }
+    }
 }
 
 /// `acc + Σ_4 w(u8) · x(s8)` per lane, `x` the four codes at `row + OFFSET`
