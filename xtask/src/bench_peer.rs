@@ -12,7 +12,7 @@
 //! prompt of N tokens from empty), beside `onebit bench --context N` (which prefills N
 //! tokens, then decodes and times its passes at that depth).
 //!
-//! A last table (`--streams N`, 4 by default, 0 to skip) sets N concurrent greedy streams
+//! A last table (`--streams N`, 4 by default, 0 to skip) sets N concurrent streams
 //! against one: llama.cpp's `llama-batched-bench -npl 1,N` (built from the same tree)
 //! beside `onebit bench --sessions N`, each the total generated tokens per second.
 
@@ -158,8 +158,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     let root = crate::workspace_root();
     let peer = llama_cpp::peer_dir()?;
+    let steps = if o.streams > 0 { 6 } else { 5 };
 
-    step!("[1/6] model");
+    step!("[1/{steps}] model");
     let (gguf, model) = match (&o.gguf, &o.model) {
         (Some(g), Some(m)) => (g.clone(), m.clone()),
         _ => {
@@ -193,19 +194,33 @@ pub fn run(args: &[String]) -> Result<()> {
     }
 
     step!(
-        "[2/6] llama-bench (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
+        "[2/{steps}] llama-bench{} (llama-cpp-python {LLAMA_CPP_PYTHON}, cached in {})",
+        if o.streams > 0 {
+            " and llama-batched-bench"
+        } else {
+            ""
+        },
         peer.display()
     );
     let llama_bench = llama_cpp::ensure_tool(&peer, "llama-bench", o.build)?;
+    // Built before anything is timed (minutes of compiling would load the machine).
+    let batched = match o.streams {
+        0 => None,
+        _ => Some(llama_cpp::ensure_tool(
+            &peer,
+            "llama-batched-bench",
+            o.build,
+        )?),
+    };
 
-    step!("[3/6] onebit (cargo build --release -p onebit)");
+    step!("[3/{steps}] onebit (cargo build --release -p onebit)");
     let onebit = build_onebit(&root)?;
 
     let load_before = load_average();
-    step!("[4/6] llama-bench on {}", gguf.display());
+    step!("[4/{steps}] llama-bench on {}", gguf.display());
     let peer_rows = run_llama_bench(&llama_bench, &gguf, &o, &peer)?;
 
-    step!("[5/6] onebit bench on {}", model.display());
+    step!("[5/{steps}] onebit bench on {}", model.display());
     let ours = run_onebit_bench(&onebit, &model, o.threads, &o.onebit_extra)?;
     let ours_deep = match o.context {
         Some(n) => {
@@ -216,11 +231,11 @@ pub fn run(args: &[String]) -> Result<()> {
         None => None,
     };
 
-    let streams = match o.streams {
-        0 => None,
-        n => {
-            step!("[6/6] {n} concurrent streams against one: llama-batched-bench and onebit bench --sessions {n}");
-            let batched = llama_cpp::ensure_tool(&peer, "llama-batched-bench", o.build)?;
+    let streams = match batched {
+        None => None,
+        Some(batched) => {
+            let n = o.streams;
+            step!("[6/{steps}] {n} concurrent streams against one: llama-batched-bench and onebit bench --sessions {n}");
             let peer_streams = run_batched_bench(&batched, &gguf, &o, &peer)?;
             let ours = run_onebit_sessions(&onebit, &model, o.threads, n)?;
             Some(StreamFigures::new(peer_streams, &ours)?)
@@ -390,15 +405,18 @@ fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) 
 /// engine: llama-batched-bench's `pl` 1 and N (its sequences decoded in one batch) and
 /// `onebit bench --sessions N` (one at a time, then in shared passes). Both count the
 /// generated tokens over the whole time of the requests, their prompts' prefill included.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct StreamFigures {
     streams: usize,
     peer: (f64, f64),
     ours: (f64, f64),
+    /// llama-batched-bench's JSON lines and onebit bench's JSON, kept for the report.
+    peer_raw: Vec<Value>,
+    ours_raw: Value,
 }
 
 impl StreamFigures {
-    fn new(peer: (usize, f64, f64), ours: &Value) -> Result<StreamFigures> {
+    fn new(peer: (usize, f64, f64, Vec<Value>), ours: &Value) -> Result<StreamFigures> {
         let get = |k: &str| {
             ours[k]
                 .as_f64()
@@ -411,18 +429,27 @@ impl StreamFigures {
                 get("one_at_a_time_tokens_per_second")?,
                 get("together_tokens_per_second")?,
             ),
+            peer_raw: peer.3,
+            ours_raw: ours.clone(),
         })
     }
 }
 
-/// llama-batched-bench's JSON lines: each `pl`'s generated tokens (`pl · tg`) over its
-/// whole time `t` (prompts and generation).
-fn batched_rates(jsonl: &str, streams: usize) -> Result<(f64, f64)> {
-    let rate = |pl: usize| -> Result<f64> {
-        for line in jsonl.lines().filter(|l| l.trim_start().starts_with('{')) {
-            let v: Value = serde_json::from_str(line).with_context(|| {
+/// llama-batched-bench's JSON lines (returned) and each `pl`'s generated tokens
+/// (`pl · tg`) over its whole time `t` (prompts and generation), for 1 and `streams`.
+fn batched_rates(jsonl: &str, streams: usize) -> Result<(f64, f64, Vec<Value>)> {
+    let lines = jsonl
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|line| {
+            serde_json::from_str::<Value>(line).with_context(|| {
                 format!("bench-peer: llama-batched-bench printed a bad JSON line: {line}")
-            })?;
+            })
+        })
+        .collect::<Result<Vec<Value>>>()?;
+    let rate = |pl: usize| -> Result<f64> {
+        for v in &lines {
+            let line = v.to_string();
             if v["pl"].as_u64() == Some(pl as u64) {
                 let (tg, t) = (v["tg"].as_f64(), v["t"].as_f64());
                 return match (tg, t) {
@@ -435,7 +462,7 @@ fn batched_rates(jsonl: &str, streams: usize) -> Result<(f64, f64)> {
         }
         bail!("bench-peer: llama-batched-bench printed no line for pl {pl}")
     };
-    Ok((rate(1)?, rate(streams)?))
+    Ok((rate(1)?, rate(streams)?, lines))
 }
 
 fn run_batched_bench(
@@ -443,7 +470,7 @@ fn run_batched_bench(
     gguf: &Path,
     o: &Options,
     peer: &Path,
-) -> Result<(usize, f64, f64)> {
+) -> Result<(usize, f64, f64, Vec<Value>)> {
     let n = o.streams;
     let mut cmd = Command::new(bin);
     cmd.arg("-m")
@@ -471,8 +498,8 @@ fn run_batched_bench(
             log.display()
         );
     }
-    let (one, many) = batched_rates(&String::from_utf8_lossy(&out.stdout), n)?;
-    Ok((n, one, many))
+    let (one, many, lines) = batched_rates(&String::from_utf8_lossy(&out.stdout), n)?;
+    Ok((n, one, many, lines))
 }
 
 fn run_onebit_sessions(bin: &Path, model: &Path, threads: usize, n: usize) -> Result<Value> {
@@ -779,7 +806,7 @@ impl Report {
         if let Some(s) = &self.streams {
             println!();
             println!(
-                "{} concurrent greedy streams ({STREAM_PROMPT}-token prompts, {STREAM_TOKENS} tokens each) against one, total generated tok/s:",
+                "{} concurrent streams ({STREAM_PROMPT}-token prompts, {STREAM_TOKENS} tokens each) against one, total generated tok/s:",
                 s.streams
             );
             println!(
@@ -804,7 +831,7 @@ impl Report {
                     o / p
                 );
             }
-            println!("llama.cpp: llama-batched-bench -npl 1,{n} (one batch of {n} sequences). onebit: bench --sessions {n} (one at a time, then shared passes; texts checked equal).");
+            println!("llama.cpp: llama-batched-bench -npl 1,{n} (one run; {n} sequences decoded in one batch). onebit: bench --sessions {n}, greedy (the best of 3 runs one at a time, then in shared passes; texts checked equal). Neither takes the flags passed through above.");
         }
         if let (Some(n), Some(deep)) = (self.context, &self.peer_deep) {
             println!();
@@ -866,12 +893,14 @@ impl Report {
                 "tokens": n,
                 "figures": table(self.ours_deep.as_ref(), deep),
             })),
-            "streams": self.streams.map(|s| json!({
+            "streams": self.streams.as_ref().map(|s| json!({
                 "streams": s.streams,
                 "prompt_tokens": STREAM_PROMPT,
                 "tokens_per_stream": STREAM_TOKENS,
                 "llama_cpp": {"one_stream_tokens_per_second": s.peer.0, "streams_tokens_per_second": s.peer.1, "streams_vs_one": s.peer.1 / s.peer.0},
                 "onebit": {"one_stream_tokens_per_second": s.ours.0, "streams_tokens_per_second": s.ours.1, "streams_vs_one": s.ours.1 / s.ours.0},
+                "llama_batched_bench_raw": s.peer_raw,
+                "onebit_bench_raw": s.ours_raw,
             })),
             "llama_bench_raw": self.peer_raw,
             "onebit_bench_raw": self.onebit_raw,
@@ -935,7 +964,8 @@ mod tests {
         let jsonl = "main: n_kv_max = 640\n\
             {\"pp\": 32, \"tg\": 128, \"pl\": 1, \"t_pp\": 0.1, \"t_tg\": 1.0, \"t\": 1.28}\n\
             {\"pp\": 32, \"tg\": 128, \"pl\": 4, \"t_pp\": 0.3, \"t_tg\": 2.0, \"t\": 2.56}\n";
-        assert_eq!(batched_rates(jsonl, 4).unwrap(), (100.0, 200.0));
+        let (one, four, lines) = batched_rates(jsonl, 4).unwrap();
+        assert_eq!((one, four, lines.len()), (100.0, 200.0, 2));
         let err = batched_rates(jsonl, 8).unwrap_err().to_string();
         assert!(err.contains("no line for pl 8"), "{err}");
         let err = batched_rates("{\"pl\": 1, \"tg\": 128}", 4)
@@ -944,9 +974,9 @@ mod tests {
         assert!(err.contains("lacks tg or t"), "{err}");
         let ours =
             json!({"one_at_a_time_tokens_per_second": 150.0, "together_tokens_per_second": 300.0});
-        let s = StreamFigures::new((4, 100.0, 200.0), &ours).unwrap();
+        let s = StreamFigures::new((4, 100.0, 200.0, Vec::new()), &ours).unwrap();
         assert_eq!((s.peer, s.ours), ((100.0, 200.0), (150.0, 300.0)));
-        assert!(StreamFigures::new((4, 1.0, 2.0), &json!({})).is_err());
+        assert!(StreamFigures::new((4, 1.0, 2.0, Vec::new()), &json!({})).is_err());
     }
 
     #[test]

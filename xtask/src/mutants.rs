@@ -134,7 +134,7 @@ pub const MUTANTS: &[Mutant] = &[
         requires: &["avx512f", "avx512bw", "avx512vl", "avx512vnni"],
     },
     Mutant {
-        name: "q8-parallel-quantizer-skips-the-last-row",
+        name: "q8-parallel-quantizer-share-drops-its-last-row",
         file: "crates/onebit-kernels/src/q8/quantize.rs",
         find: "let share = rows.len() * t / tasks..rows.len() * (t + 1) / tasks;",
         replace: "let share = rows.len() * t / tasks..(rows.len() * (t + 1) / tasks).max(1) - 1;",

@@ -62,7 +62,8 @@ fn first_max_body(values: &[f32]) -> usize {
 }
 
 /// `out = x / sqrt(mean(x²) + eps) * gain` per row, each row's sum of squares in index
-/// order (one f32 accumulator from 0, `v · v` rounded before each add).
+/// order (one f32 accumulator from 0, `v · v` rounded before each add). Rows pair off as
+/// far as both `x` and `out` hold whole rows of `gain.len()`; an empty `gain` norms nothing.
 ///
 /// That sum is a chain of dependent adds, bound by the add's latency; rows are
 /// independent, so up to [`NORM_ROWS`] rows' chains advance together (each in its own

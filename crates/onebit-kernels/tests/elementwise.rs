@@ -224,4 +224,20 @@ fn rms_norm_rows_equal_the_row_by_row_definition() {
             }
         }
     }
+    // Rows of `x` and `out` pair off as far as both go (whole rows only); no gain, no rows.
+    let (x, _) = inputs(3 * 64 + 5, 2);
+    let (gain, _) = inputs(64, 4);
+    let mut out = vec![f32::NAN; 2 * 64 + 7];
+    onebit_kernels::elementwise::rms_norm(&x, &gain, 1e-6, &mut out);
+    assert!(
+        out[..2 * 64].iter().all(|v| !v.is_nan()),
+        "both whole rows of out are written"
+    );
+    assert!(
+        out[2 * 64..].iter().all(|v| v.is_nan()),
+        "a partial row is not"
+    );
+    let mut untouched = vec![f32::NAN; 8];
+    onebit_kernels::elementwise::rms_norm(&x[..8], &[], 1e-6, &mut untouched);
+    assert!(untouched.iter().all(|v| v.is_nan()));
 }

@@ -182,13 +182,13 @@ impl QuantizedRows {
         q
     }
 
-    /// [`QuantizedRows::quantize`] into this value's buffers (no allocation once grown).
+    /// [`QuantizedRows::quantize`] into this value's buffers (grown, never shrunk).
     pub fn quantize_from(&mut self, x: &[f32], rows: usize, k: usize) {
         self.quantize_levels(x, rows, k, Levels::One);
     }
 
     /// Quantizes `rows` rows of `k` values at `levels` int8 levels, into this value's
-    /// buffers (no allocation once grown). Per group, `t = v · 127 / max|v|` and
+    /// buffers (grown, never shrunk). Per group, `t = v · 127 / max|v|` and
     /// `q = round(t)` (ties to even) as in [`quantize_group`]; at [`Levels::Two`] the
     /// residual code is `q' = round(128 · (t - q))` (|q'| ≤ 64) and the scale is
     /// `dx / 128`, so `(dx/128)·(128·q + q')` carries each input to within `dx / 256`
@@ -227,48 +227,34 @@ impl QuantizedRows {
         #[cfg(target_arch = "x86_64")]
         {
             if isa.avx512() {
-                // SAFETY: detection found avx512f/bw/vl.
-                return unsafe { self.quantize_avx512(x, levels) };
+                // SAFETY: the token's detection found avx512f/bw/vl, avx2 and fma.
+                return self.quantize_rows(x, levels, |row, levels| unsafe {
+                    row.quantize_avx512(levels)
+                });
             }
             if isa.avx2() {
-                // SAFETY: detection found avx2 and fma.
-                return unsafe { self.quantize_avx2(x, levels) };
+                // SAFETY: the token's detection found avx2 and fma.
+                return self.quantize_rows(x, levels, |row, levels| unsafe {
+                    row.quantize_avx2(levels)
+                });
             }
         }
         let _ = isa;
-        self.quantize_body(x, levels, quantize_group_stats)
-    }
-
-    /// [`QuantizedRows::quantize_body`] with the groups quantized by AVX-512 instructions
-    /// that perform the reference's operations lane by lane ([`x86::quantize_group_512`]).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    unsafe fn quantize_avx512(&mut self, x: &[f32], levels: Levels) {
-        self.quantize_body(x, levels, |values, codes, residual| {
-            // SAFETY: the caller's detection found avx512f/bw/vl.
-            unsafe { x86::quantize_group_512(values, codes, residual) }
+        self.quantize_rows(x, levels, |row, levels| {
+            row.quantize(levels, &quantize_group_stats)
         })
     }
 
-    /// [`QuantizedRows::quantize_body`] compiled for AVX2: the same operations, wider.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn quantize_avx2(&mut self, x: &[f32], levels: Levels) {
-        self.quantize_body(x, levels, quantize_group_stats)
-    }
-
-    /// Quantizes every group of `x` into the sized buffers, each group by `quantize`
-    /// (the reference's [`quantize_group_stats`] or an equal SIMD version). From
-    /// [`PARALLEL_VALUES`] values on, the input rows are shared out over the threads of
-    /// [`crate::team::parallel_for`]: each row's buffers are its own, so the split
+    /// Quantizes every input row of `x` into the sized buffers by `quantize_row` (each
+    /// ISA's compilation of [`RowBuffers::quantize`]). With at least two rows, two
+    /// threads and [`PARALLEL_VALUES`] values, the rows are shared out over the threads
+    /// of [`crate::team::parallel_for`]: each row's buffers are its own, so the split
     /// cannot change a bit.
-    #[inline(always)]
-    fn quantize_body(
+    fn quantize_rows(
         &mut self,
         x: &[f32],
         levels: Levels,
-        quantize: impl Fn(&[f32; GROUP], &mut [i8; GROUP], Option<&mut [i8; GROUP]>) -> GroupStats
-            + Sync,
+        quantize_row: impl Fn(&mut RowBuffers<'_>, Levels) + Sync,
     ) {
         let (k, count) = (self.k, levels.count());
         if self.rows == 0 || k == 0 {
@@ -294,7 +280,7 @@ impl QuantizedRows {
                 });
         if self.rows < 2 || self.rows * k < PARALLEL_VALUES || crate::team::current_threads() < 2 {
             for mut row in rows {
-                row.quantize(levels, &quantize);
+                quantize_row(&mut row, levels);
             }
             return;
         }
@@ -308,7 +294,7 @@ impl QuantizedRows {
             let share = rows.len() * t / tasks..rows.len() * (t + 1) / tasks;
             for row in &rows[share] {
                 let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
-                row.quantize(levels, &quantize);
+                quantize_row(&mut row, levels);
             }
         });
     }
@@ -355,7 +341,7 @@ impl QuantizedRows {
 }
 
 /// Values (rows × columns) from which [`QuantizedRows::quantize_levels_on`] shares the
-/// rows out over the threads. Measured on a 2-vCPU Ice Lake Xeon (AVX-512, two levels,
+/// rows out over the threads (given at least two rows and two threads). Measured on a 2-vCPU Ice Lake Xeon (AVX-512, two levels,
 /// 100k back-to-back calls on a two-thread team): 8 × 576 values took 3.9 µs alone and
 /// 4.3 µs shared (a region's hand-off costs more than half the work saves), 8 × 1536
 /// 9.9 against 8.1 µs, 16 × 576 7.6 against 5.5 µs.
@@ -414,6 +400,30 @@ impl RowBuffers<'_> {
                 }
             }
         }
+    }
+
+    /// [`RowBuffers::quantize`] with the groups quantized by AVX-512 instructions that
+    /// perform the reference's operations lane by lane ([`x86::quantize_group_512`]).
+    ///
+    /// # Safety
+    /// The CPU must have avx512f, avx512bw, avx512vl, avx2 and fma.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn quantize_avx512(&mut self, levels: Levels) {
+        self.quantize(levels, &|values, codes, residual| {
+            // SAFETY: this function's features are the caller's guarantee.
+            unsafe { x86::quantize_group_512(values, codes, residual) }
+        })
+    }
+
+    /// [`RowBuffers::quantize`] compiled for AVX2: the reference's operations, wider.
+    ///
+    /// # Safety
+    /// The CPU must have avx2 and fma.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&mut self, levels: Levels) {
+        self.quantize(levels, &quantize_group_stats)
     }
 }
 

@@ -22,13 +22,17 @@ use super::{I8_GROUP_BYTES, Q4_GROUP_BYTES};
 
 /// Level rows per sweep of a weight block (a multiple of every level count).
 const MAX_R: usize = 4;
-/// Level rows per sweep of the AVX-512 q4 kernel (a multiple of every level count).
+/// Level rows per sweep of the AVX-512 int8 kernel, and of the q4 kernel at two levels
+/// (a multiple of every level count).
 const WIDE_R: usize = 8;
 /// Input rows per sweep of the AVX-512 q4 kernel at one level: each input row is an
 /// output row of both halves' accumulators besides its level row's, so eight of them
 /// (32 registers of sums alone) spilled to the stack. Measured on one thread of an Ice
-/// Lake Xeon, 1536 × 576, one level: 8 rows took 89–121 µs at 8 a sweep, 60–76 at 4 (16 rows: 181–230 against 117–126), five alternating runs.
+/// Lake Xeon, 1536 × 576, one level, five alternating runs: 8 rows took 89–121 µs at 8 a
+/// sweep, 60–76 at 4 (16 rows: 181–230 against 117–126). Its remainder widths are listed
+/// where it is used (`[1 2 3]`), and must be every width below it.
 const WIDE_R_ONE_LEVEL: usize = 4;
+const _: () = assert!(WIDE_R_ONE_LEVEL == 4, "list the remainder widths below it");
 /// How many groups ahead the first sweep of a block prefetches (about 7 KB of q4 weights):
 /// far enough that a pass of 2–4 rows finds its weights arriving while it computes, not
 /// waiting for them. Measured on SmolLM2 (2 threads, AVX-512 VNNI Xeon, three
@@ -89,8 +93,9 @@ impl<const R: usize> Inputs<R> {
 
 /// Sweeps a weight block over the level rows, `$max` at a time (the remainder by the
 /// smaller widths listed; `L` level rows make one input row, so with two levels only
-/// even widths occur). The 256-bit variants sweep `MAX_R`; AVX-512, whose 32 registers
-/// hold eight level rows' accumulators, sweeps `WIDE_R`.
+/// even widths occur). The list must hold every width below `$max`. The 256-bit
+/// variants sweep `MAX_R`; AVX-512, whose 32 registers hold eight level rows'
+/// accumulators, sweeps `WIDE_R` (the q4 kernel at one level, `WIDE_R_ONE_LEVEL`).
 macro_rules! sweep_inputs {
     ([$($r:literal)*] $max:ident, $kernel:ident, $w:expr, $b:expr, $x:expr, $out:expr) => {{
         match $x.levels() {
