@@ -377,15 +377,21 @@ fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) 
         }
     }
     cmd.args(extra);
+    onebit_json(cmd, "onebit bench")
+}
+
+/// Runs `onebit bench --json` (its progress to this stderr) and parses the last JSON
+/// object it prints; errors name the bench-peer step.
+fn onebit_json(mut cmd: Command, step_name: &str) -> Result<Value> {
     let shown = format!("{cmd:?}");
     step!("  {shown}");
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| format!("bench-peer: step 'onebit bench': cannot start {shown}"))?;
+        .with_context(|| format!("bench-peer: step '{step_name}': cannot start {shown}"))?;
     if !out.status.success() {
         bail!(
-            "bench-peer: step 'onebit bench' failed ({}): {shown}",
+            "bench-peer: step '{step_name}' failed ({}): {shown}",
             out.status
         );
     }
@@ -395,10 +401,10 @@ fn run_onebit_bench(bin: &Path, model: &Path, threads: usize, extra: &[String]) 
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
         .with_context(|| {
-            format!("bench-peer: step 'onebit bench': {shown} printed no JSON object")
+            format!("bench-peer: step '{step_name}': {shown} printed no JSON object")
         })?;
     serde_json::from_str(line)
-        .with_context(|| format!("bench-peer: step 'onebit bench': cannot parse its JSON: {line}"))
+        .with_context(|| format!("bench-peer: step '{step_name}': cannot parse its JSON: {line}"))
 }
 
 /// Total generated tokens/s of one stream and of `streams` concurrent ones, for each
@@ -515,26 +521,7 @@ fn run_onebit_sessions(bin: &Path, model: &Path, threads: usize, n: usize) -> Re
         .arg(model)
         .args(["--json", "--threads", &threads.to_string()])
         .args(extra);
-    let shown = format!("{cmd:?}");
-    step!("  {shown}");
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("bench-peer: step 'streams': cannot start {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "bench-peer: step 'streams' failed ({}): {shown}",
-            out.status
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .with_context(|| format!("bench-peer: step 'streams': {shown} printed no JSON object"))?;
-    serde_json::from_str(line)
-        .with_context(|| format!("bench-peer: step 'streams': cannot parse its JSON: {line}"))
+    onebit_json(cmd, "streams")
 }
 
 // ---------------------------------------------------------------------------------------

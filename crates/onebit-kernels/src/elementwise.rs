@@ -77,19 +77,22 @@ pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
     let rows = (x.len() / width).min(out.len() / width);
     let mut r0 = 0;
     while r0 < rows {
-        let at = |n: usize| r0 * width..(r0 + n) * width;
-        match rows - r0 {
-            1 => rms_norm_rows::<1>(&x[at(1)], gain, eps, &mut out[at(1)]),
-            2 => rms_norm_rows::<2>(&x[at(2)], gain, eps, &mut out[at(2)]),
-            3 => rms_norm_rows::<3>(&x[at(3)], gain, eps, &mut out[at(3)]),
-            4..NORM_ROWS => rms_norm_rows::<4>(&x[at(4)], gain, eps, &mut out[at(4)]),
-            _ => rms_norm_rows::<NORM_ROWS>(&x[at(NORM_ROWS)], gain, eps, &mut out[at(NORM_ROWS)]),
-        }
-        r0 += match rows - r0 {
+        // Chunks of 8 rows, then one of 4, then what is left (1 to 3 rows).
+        let n = match rows - r0 {
             n @ 1..=3 => n,
             4..NORM_ROWS => 4,
             _ => NORM_ROWS,
         };
+        let at = r0 * width..(r0 + n) * width;
+        let (x, out) = (&x[at.clone()], &mut out[at]);
+        match n {
+            1 => rms_norm_rows::<1>(x, gain, eps, out),
+            2 => rms_norm_rows::<2>(x, gain, eps, out),
+            3 => rms_norm_rows::<3>(x, gain, eps, out),
+            4 => rms_norm_rows::<4>(x, gain, eps, out),
+            _ => rms_norm_rows::<NORM_ROWS>(x, gain, eps, out),
+        }
+        r0 += n;
     }
 }
 

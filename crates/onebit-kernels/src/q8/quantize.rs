@@ -278,7 +278,8 @@ impl QuantizedRows {
                     sums,
                     code_sums,
                 });
-        if self.rows < 2 || self.rows * k < PARALLEL_VALUES || crate::team::current_threads() < 2 {
+        let threads = crate::team::current_threads();
+        if self.rows < 2 || self.rows * k < PARALLEL_VALUES || threads < 2 {
             for mut row in rows {
                 quantize_row(&mut row, levels);
             }
@@ -289,7 +290,7 @@ impl QuantizedRows {
         // would have both threads writing the scales of neighbouring rows, which share
         // cache lines.
         let rows: Vec<std::sync::Mutex<RowBuffers<'_>>> = rows.map(std::sync::Mutex::new).collect();
-        let tasks = crate::team::current_threads().min(rows.len());
+        let tasks = threads.min(rows.len());
         crate::team::parallel_for(tasks, &|t| {
             let share = rows.len() * t / tasks..rows.len() * (t + 1) / tasks;
             for row in &rows[share] {
