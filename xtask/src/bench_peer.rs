@@ -959,6 +959,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lacks tg or t"), "{err}");
+        let err = batched_rates("{\"pl\": 1,", 4).unwrap_err().to_string();
+        assert!(err.contains("printed a bad JSON line"), "{err}");
         let ours =
             json!({"one_at_a_time_tokens_per_second": 150.0, "together_tokens_per_second": 300.0});
         let s = StreamFigures::new((4, 100.0, 200.0, Vec::new()), &ours).unwrap();
