@@ -53,8 +53,12 @@ def complete(url, model, prompt, tokens, timeout):
         data=body,
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        answer = json.load(resp)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.load(resp)
+    except urllib.error.HTTPError as e:
+        # The server's own error text says what it refused.
+        raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
     return answer["choices"][0]["text"], answer["usage"]["completion_tokens"]
 
 
@@ -107,8 +111,16 @@ def main():
         model = model_name(args.url, args.timeout)
     except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as e:
         sys.exit(f"serve_streams: cannot list the models of {args.url}: {e}")
+    try:
+        return measure(args, model)
+    except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError, RuntimeError) as e:
+        print(f"serve_streams: a request to {args.url} failed: {e}", file=sys.stderr)
+        return 1
+
+
+def measure(args, model):
     prompts = PROMPTS[: args.streams]
-    # One warm-up answer each way (first-request allocations, page faults of the weights).
+    # One warm-up answer (first-request allocations, page faults of the weights).
     one_at_a_time(args.url, model, prompts[:1], 8, args.timeout)
     alone_tps, together_tps = [], []
     reference = None

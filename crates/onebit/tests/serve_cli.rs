@@ -189,32 +189,25 @@ fn the_api_key_may_come_from_the_environment() {
 /// `xtask/scripts/serve_streams.py`, the tool behind issue 25's serve row, against a
 /// real server with shared passes: two concurrent greedy streams and the same two one at
 /// a time report their throughput, each generates its whole budget, and every concurrent
-/// answer equals its alone-served one (the script exits 1 when one differs). Against a port where nothing listens it
-/// fails by name. Python 3 is on every machine CI runs on.
+/// answer equals its alone-served one (the script exits 1 when one differs). A request
+/// the server refuses, and a port where nothing listens, fail the run by name. Python 3
+/// is on every machine CI runs on.
 #[test]
 fn the_serve_streams_script_measures_and_compares_answers() {
     let (_dir, pkg) = tiny();
     let s = Server::start(&pkg, &["--parallel", "2", "--ctx-len", "128"], true);
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../xtask/scripts/serve_streams.py");
-    let run = |url: &str| {
+    let run = |url: &str, tokens: &str| {
         std::process::Command::new("python3")
             .arg(&script)
-            .args([
-                "--url",
-                url,
-                "--streams",
-                "2",
-                "--tokens",
-                "12",
-                "--trials",
-                "2",
-            ])
+            .args(["--url", url, "--streams", "2", "--trials", "2"])
+            .args(["--tokens", tokens])
             .env("NO_PROXY", "127.0.0.1,localhost")
             .output()
             .unwrap()
     };
-    let out = run(&s.base);
+    let out = run(&s.base, "12");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -229,8 +222,16 @@ fn the_serve_streams_script_measures_and_compares_answers() {
     // With ignore_eos every stream generates the whole budget.
     assert_eq!(summary["full_length"], true, "{summary}");
     assert_eq!(summary["completion_tokens"], json!([12, 12]), "{summary}");
+    // A budget past the context: the server's refusal, with its own text, fails the run.
+    let out = run(&s.base, "500");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("serve_streams: a request to") && stderr.contains("HTTP 400"),
+        "{stderr}"
+    );
     drop(s);
-    let out = run("http://127.0.0.1:9");
+    let out = run("http://127.0.0.1:9", "12");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
