@@ -21,6 +21,7 @@ mod llama_cpp;
 mod load_test;
 mod models;
 mod mutants;
+mod schemata;
 mod tidy;
 mod tokenize_reference;
 

@@ -6,7 +6,11 @@
 //! The original text of every edited file is journaled first under
 //! `target/mutants/applied.json`, so an edit never outlives its run: it is undone when its
 //! tests end, when the run fails or is interrupted (Ctrl-C, SIGTERM), and at the start of
-//! the next run if the process died. A mutant is *caught* when those tests fail (or a
+//! the next run if the process died. Most of a run is rebuilding, so the mutants of one
+//! crate whose edit sits in a whole expression or statement run share one build
+//! ([`crate::schemata`]: each behind a switch read at run time, the build checked to pass
+//! with every switch off first); the rest, and all with `--one-build-each`, are built one
+//! at a time. A mutant is *caught* when those tests fail (or a
 //! test binary crashes). A mutant that does not compile, or whose anchor vanished, tests
 //! nothing: it is *unviable*. A mutant of a code path this CPU cannot run (its
 //! `requires` features are missing) is *not applicable* and is not run. The run ends with
@@ -1333,8 +1337,14 @@ fn workspace_selection<'a>(args: &[&'a str]) -> Vec<&'a str> {
     out
 }
 
-fn cargo(root: &Path, args: &[&str], no_run: bool) -> Command {
+/// `cargo test` over `args`; `switch` names the mutant of a shared build to switch on
+/// ([`crate::schemata::SWITCH`]), which is otherwise unset.
+fn cargo(root: &Path, args: &[&str], no_run: bool, switch: Option<&str>) -> Command {
     let mut cmd = crate::cargo_command();
+    match switch {
+        Some(name) => cmd.env(crate::schemata::SWITCH, name),
+        None => cmd.env_remove(crate::schemata::SWITCH),
+    };
     cmd.arg("test").arg("--no-fail-fast");
     if no_run {
         cmd.arg("--no-run");
@@ -1358,13 +1368,18 @@ fn untracked(root: &Path) -> Result<std::collections::BTreeSet<String>> {
 
 /// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within
 /// `limit`: only the run is timed, so a slow rebuild is never taken for a hang.
-fn cargo_test(root: &Path, args: &[&str], limit: Duration) -> Result<(Outcome, f64)> {
+fn cargo_test(
+    root: &Path,
+    args: &[&str],
+    limit: Duration,
+    switch: Option<&str>,
+) -> Result<(Outcome, f64)> {
     // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
-    let build = run_limited(cargo(root, args, true), STUCK)?;
+    let build = run_limited(cargo(root, args, true, switch), STUCK)?;
     if build.timed_out || !build.success {
         return Ok((Outcome::Unviable, build.secs));
     }
-    let run = run_limited(cargo(root, args, false), limit)?;
+    let run = run_limited(cargo(root, args, false, switch), limit)?;
     if run.timed_out {
         return Ok((Outcome::TimedOut, run.secs));
     }
@@ -1551,6 +1566,33 @@ impl Tally {
         )
     }
 
+    /// Counts a mutant's outcome (its tests ran within `limit`) and says it in words.
+    fn record(&mut self, outcome: Outcome, limit: Duration) -> String {
+        match outcome {
+            Outcome::Failed(n) => {
+                self.caught += 1;
+                format!("caught ({n} failing)")
+            }
+            Outcome::Crashed => {
+                self.caught += 1;
+                "caught (test binary crashed)".into()
+            }
+            Outcome::TimedOut => {
+                self.caught += 1;
+                self.timed_out += 1;
+                format!("caught (timeout, {:.0} s)", limit.as_secs_f64())
+            }
+            Outcome::Unviable => {
+                self.unviable += 1;
+                "UNVIABLE (does not compile)".into()
+            }
+            Outcome::Passed => {
+                self.missed += 1;
+                "MISSED".into()
+            }
+        }
+    }
+
     /// Missed and unviable mutants fail the run; not-applicable ones do not.
     fn check(&self) -> Result<()> {
         if self.missed > 0 || self.unviable > 0 {
@@ -1572,6 +1614,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut factor = DEFAULT_TIMEOUT_FACTOR;
     let mut min_limit = DEFAULT_TIMEOUT_MIN;
     let mut skip_baseline = false;
+    let mut one_build_each = false;
     let mut it = args.iter().map(String::as_str);
     while let Some(arg) = it.next() {
         match arg {
@@ -1596,6 +1639,8 @@ pub fn run(args: &[String]) -> Result<()> {
             // For CI, right after `cargo test --workspace` passed on the same tree: the
             // unmutated run of each selection proves nothing new there (about 70 s).
             "--skip-baseline" => skip_baseline = true,
+            // Every mutant on a build of its own (the shared builds' equivalence check).
+            "--one-build-each" => one_build_each = true,
             flag if flag.starts_with('-') => bail!("mutants: unknown option '{flag}'"),
             name => only.push(name),
         }
@@ -1666,7 +1711,7 @@ pub fn run(args: &[String]) -> Result<()> {
             continue;
         }
         let start = Instant::now();
-        match cargo_test(&root, &tests, STUCK)? {
+        match cargo_test(&root, &tests, STUCK, None)? {
             (Outcome::Passed, secs) => {
                 println!(
                     "  {:>6.1} s  cargo test {} (built and run in {:.1} s)",
@@ -1684,81 +1729,93 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let total = selected.len();
-    println!("mutants: {total} mutants, one at a time");
+    println!("mutants: {total} mutants, one crate at a time");
     let mut rows: Vec<(String, String, f64)> = Vec::new();
     let mut tally = Tally::default();
-    for (m, lacks) in selected.into_iter().zip(missing) {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            bail!("mutants: interrupted");
-        }
-        let path: PathBuf = root.join(m.file);
-        let original = std::fs::read_to_string(&path)?;
-        if original.matches(m.find).count() != 1 {
-            tally.unviable += 1;
-            rows.push((
-                m.name.into(),
-                "UNVIABLE (anchor not found exactly once)".into(),
-                0.0,
-            ));
-            continue;
-        }
-        if !lacks.is_empty() {
-            tally.not_applicable += 1;
-            rows.push((
-                m.name.into(),
-                format!("not applicable (needs {})", lacks.join(", ")),
-                0.0,
-            ));
-            continue;
-        }
-        let edits = match edits_of(m, &root, &original)? {
-            Some(edits) => edits,
-            None => bail!(
-                "mutants: '{}': second anchor not found exactly once in {}",
-                m.name,
-                m.also.map_or("", |(file, _, _)| file)
-            ),
-        };
-        let tests = tests_of(m);
+    let items: Vec<(&Mutant, Vec<&str>)> = selected.into_iter().zip(missing).collect();
+    let limit_of = |tests: &[&str]| {
         let base = baseline
             .iter()
             .find(|(t, _)| *t == tests)
             .map_or(0.0, |(_, secs)| *secs);
-        let limit = limit_for(base, factor, min_limit);
-        let start = Instant::now();
-        let mut applied = Applied::apply(&journal, edits)?;
-        let outcome = cargo_test(&root, &tests, limit);
-        applied.restore()?;
-        let secs = start.elapsed().as_secs_f64();
-        let verdict = match outcome?.0 {
-            Outcome::Failed(n) => {
-                tally.caught += 1;
-                format!("caught ({n} failing)")
-            }
-            Outcome::Crashed => {
-                tally.caught += 1;
-                "caught (test binary crashed)".into()
-            }
-            Outcome::TimedOut => {
-                tally.caught += 1;
-                tally.timed_out += 1;
-                format!("caught (timeout, {:.0} s)", limit.as_secs_f64())
-            }
-            Outcome::Unviable => {
-                tally.unviable += 1;
-                "UNVIABLE (does not compile)".into()
-            }
-            Outcome::Passed => {
-                tally.missed += 1;
-                "MISSED".into()
-            }
-        };
+        limit_for(base, factor, min_limit)
+    };
+    let report = |name: &str, verdict: String, secs: f64, rows: &mut Vec<(String, String, f64)>| {
         println!(
             "  [{}/{total}] {:<58} {verdict} ({secs:.1} s)",
             rows.len() + 1,
-            m.name
+            name
         );
-        rows.push((m.name.into(), verdict, secs));
+        rows.push((name.into(), verdict, secs));
+    };
+    for group in items.chunk_by(|(a, _), (b, _)| crate_of(a.file) == crate_of(b.file)) {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("mutants: interrupted");
+        }
+        let krate = crate_of(group[0].0.file);
+        // The mutants a shared build holds run first, then the rest one build each.
+        let mut done = vec![false; group.len()];
+        let plan = if one_build_each {
+            Vec::new()
+        } else {
+            plan_shared(&root, group)?
+        };
+        // A shared build costs a build and one unmutated run of each selection (20–45 s
+        // measured here); a mutant built alone 2–12 s: below five it does not pay.
+        if plan.len() >= MIN_SHARED {
+            let shared = run_shared(&root, &journal, krate, group, &plan, &tests_of, &limit_of)?;
+            if let Some(results) = shared {
+                for (k, outcome, limit, secs) in results {
+                    done[k] = true;
+                    let verdict = tally.record(outcome, limit);
+                    report(group[k].0.name, verdict, secs, &mut rows);
+                }
+            }
+        }
+        for ((m, lacks), _) in group.iter().zip(&done).filter(|(_, &d)| !d) {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                bail!("mutants: interrupted");
+            }
+            let path: PathBuf = root.join(m.file);
+            let original = std::fs::read_to_string(&path)?;
+            if original.matches(m.find).count() != 1 {
+                tally.unviable += 1;
+                rows.push((
+                    m.name.into(),
+                    "UNVIABLE (anchor not found exactly once)".into(),
+                    0.0,
+                ));
+                continue;
+            }
+            if !lacks.is_empty() {
+                tally.not_applicable += 1;
+                rows.push((
+                    m.name.into(),
+                    format!("not applicable (needs {})", lacks.join(", ")),
+                    0.0,
+                ));
+                continue;
+            }
+            let edits = match edits_of(m, &root, &original)? {
+                Some(edits) => edits,
+                None => bail!(
+                    "mutants: '{}': second anchor not found exactly once in {}",
+                    m.name,
+                    m.also.map_or("", |(file, _, _)| file)
+                ),
+            };
+            let tests = tests_of(m);
+            let limit = limit_of(&tests);
+            let start = Instant::now();
+            let mut applied = Applied::apply(&journal, edits)?;
+            let outcome = cargo_test(&root, &tests, limit, None);
+            if matches!(outcome, Ok((Outcome::Unviable, _))) {
+                print_build_errors(&root, &tests)?;
+            }
+            applied.restore()?;
+            let verdict = tally.record(outcome?.0, limit);
+            report(m.name, verdict, start.elapsed().as_secs_f64(), &mut rows);
+        }
     }
     println!("\n{:<58} {:<32} {:>8}", "mutant", "result", "seconds");
     for (name, verdict, secs) in &rows {
@@ -1777,6 +1834,212 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     tally.check()
+}
+
+/// The mutants of one crate's `group` a shared build can hold ([`crate::schemata`]):
+/// applicable, one edit, an anchor whose edit sits in a whole node, and no two sites of a
+/// file overlapping (the later one keeps a build of its own). Indices into `group`.
+fn plan_shared(
+    root: &Path,
+    group: &[(&Mutant, Vec<&str>)],
+) -> Result<Vec<(usize, crate::schemata::Site)>> {
+    let mut texts: std::collections::BTreeMap<&str, String> = Default::default();
+    let mut plan: Vec<(usize, crate::schemata::Site)> = Vec::new();
+    for (k, (m, lacks)) in group.iter().enumerate() {
+        if !lacks.is_empty() || m.also.is_some() {
+            continue;
+        }
+        if !texts.contains_key(m.file) {
+            let text = std::fs::read_to_string(root.join(m.file))
+                .with_context(|| format!("mutants: cannot read {}", m.file))?;
+            texts.insert(m.file, text);
+        }
+        let Some(site) = crate::schemata::site(&texts[m.file], m.find, m.replace) else {
+            continue;
+        };
+        let clash = plan
+            .iter()
+            .any(|(j, s)| group[*j].0.file == m.file && crate::schemata::overlap(s, &site));
+        if !clash {
+            plan.push((k, site));
+        }
+    }
+    Ok(plan)
+}
+
+/// Prints the first errors of building `tests` (why a build failed).
+fn print_build_errors(root: &Path, tests: &[&str]) -> Result<()> {
+    let build = run_limited(cargo(root, tests, true, None), STUCK)?;
+    let errors: Vec<&str> = build
+        .stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("error"))
+        .take(12)
+        .collect();
+    println!("{}", errors.join("\n"));
+    Ok(())
+}
+
+/// The fewest mutants a shared build is made for.
+const MIN_SHARED: usize = 5;
+
+/// A shared mutant's result: its index in the group, outcome, time limit and seconds.
+type SharedResult = (usize, Outcome, Duration, f64);
+
+/// Runs the mutants of `plan` on one shared build of `krate`: every site wrapped behind
+/// its switch, the build checked (it compiles, and each of their test selections passes
+/// with no mutant switched on), then each mutant's tests with its switch on. `None` when
+/// the check fails: the tree is restored and those mutants run one build each.
+#[allow(clippy::too_many_arguments)]
+fn run_shared<'a>(
+    root: &Path,
+    journal: &Path,
+    krate: &str,
+    group: &[(&Mutant, Vec<&str>)],
+    plan: &[(usize, crate::schemata::Site)],
+    tests_of: &dyn Fn(&Mutant) -> Vec<&'a str>,
+    limit_of: &dyn Fn(&[&str]) -> Duration,
+) -> Result<Option<Vec<SharedResult>>> {
+    let mut plan: Vec<(usize, crate::schemata::Site)> = plan.to_vec();
+    let start = Instant::now();
+    // A site whose two branches do not type-check together (a `Range` and a `Rev` of one)
+    // is dropped, by the compiler's error lines, and the build tried again.
+    let mut attempts = 0;
+    let (mut applied, checked) = loop {
+        attempts += 1;
+        let mut files: Vec<&str> = plan.iter().map(|(k, _)| group[*k].0.file).collect();
+        files.sort_unstable();
+        files.dedup();
+        let mut edits: Vec<Edit> = Vec::new();
+        // (file, first line, last line, index into `plan`) of every wrapped site.
+        let mut spans: Vec<(&str, usize, usize, usize)> = Vec::new();
+        for file in files {
+            let path = root.join(file);
+            let before = std::fs::read_to_string(&path)?;
+            let at: Vec<usize> = (0..plan.len())
+                .filter(|&i| group[plan[i].0].0.file == file)
+                .collect();
+            let sites: Vec<(crate::schemata::Site, &str)> = at
+                .iter()
+                .map(|&i| (plan[i].1.clone(), group[plan[i].0].0.name))
+                .collect();
+            let (after, lines) = crate::schemata::wrap(&before, &sites);
+            for (&i, (first, last)) in at.iter().zip(lines) {
+                spans.push((file, first, last, i));
+            }
+            edits.push((path, before, after));
+        }
+        if plan.len() < MIN_SHARED {
+            return Ok(None);
+        }
+        println!(
+            "mutants: {krate}: {} of its {} mutants share one build, each switched on by {}",
+            plan.len(),
+            group.len(),
+            crate::schemata::SWITCH
+        );
+        let mut applied = Applied::apply(journal, edits)?;
+        // The check: with no mutant switched on, every selection builds and passes.
+        let mut checked: Vec<(Vec<&'a str>, f64)> = Vec::new();
+        let mut failed = None;
+        for (k, _) in &plan {
+            let tests = tests_of(group[*k].0);
+            if checked.iter().any(|(t, _)| *t == tests) {
+                continue;
+            }
+            match cargo_test(root, &tests, STUCK, None)? {
+                (Outcome::Passed, secs) => checked.push((tests, secs)),
+                (outcome, _) => {
+                    failed = Some((tests, outcome));
+                    break;
+                }
+            }
+        }
+        let Some((tests, outcome)) = failed else {
+            break (applied, checked);
+        };
+        let mut rejected = Vec::new();
+        if outcome == Outcome::Unviable && attempts < 4 {
+            let build = run_limited(cargo(root, &tests, true, None), STUCK)?;
+            let at = |l: &str| -> Option<usize> {
+                let loc = l.trim_start().strip_prefix("--> ")?;
+                let mut parts = loc.rsplitn(3, ':');
+                let (_col, line, file) = (parts.next()?, parts.next()?, parts.next()?);
+                let line: usize = line.parse().ok()?;
+                spans
+                    .iter()
+                    .find(|(f, a, b, _)| *f == file && (*a..=*b).contains(&line))
+                    .map(|s| s.3)
+            };
+            // The location of each error (warnings, such as the wrappings' unneeded
+            // parentheses, are not the build's failure).
+            let mut in_error = false;
+            let mut located: Vec<Option<usize>> = Vec::new();
+            for l in build.stderr.lines() {
+                if l.starts_with("error") {
+                    in_error = !l.starts_with("error: could not compile");
+                } else if l.starts_with("warning") {
+                    in_error = false;
+                } else if in_error && l.trim_start().starts_with("--> ") {
+                    located.push(at(l));
+                    in_error = false;
+                }
+            }
+            if !located.is_empty() && located.iter().all(Option::is_some) {
+                rejected = located.into_iter().flatten().collect();
+            }
+        }
+        applied.restore()?;
+        if rejected.is_empty() {
+            if outcome == Outcome::Unviable {
+                print_build_errors(root, &tests)?;
+            }
+            println!(
+                "mutants: {krate}: the shared build is not usable (cargo test {} with no \
+                 mutant on: {outcome:?}); its mutants run one build each",
+                tests.join(" ")
+            );
+            return Ok(None);
+        }
+        rejected.sort_unstable();
+        rejected.dedup();
+        let names: Vec<&str> = rejected.iter().map(|&i| group[plan[i].0].0.name).collect();
+        println!(
+            "mutants: {krate}: {} do not type-check in a shared build; they run one build each",
+            names.join(", ")
+        );
+        for &i in rejected.iter().rev() {
+            plan.remove(i);
+        }
+    };
+    println!(
+        "mutants: {krate}: shared build checked in {:.1} s ({} selections pass with no mutant on)",
+        start.elapsed().as_secs_f64(),
+        checked.len()
+    );
+    let mut results = Vec::new();
+    for (k, _) in &plan {
+        let m = group[*k].0;
+        let tests = tests_of(m);
+        // The limit: the larger of the unmutated run's and this build's own.
+        let own = checked
+            .iter()
+            .find(|(t, _)| *t == tests)
+            .map_or(0.0, |(_, secs)| *secs);
+        let limit = limit_of(&tests).max(limit_for(own, DEFAULT_TIMEOUT_FACTOR, Duration::ZERO));
+        let start = Instant::now();
+        let outcome = cargo_test(root, &tests, limit, Some(m.name));
+        let outcome = match outcome {
+            Ok((outcome, _)) => outcome,
+            Err(e) => {
+                applied.restore()?;
+                return Err(e);
+            }
+        };
+        results.push((*k, outcome, limit, start.elapsed().as_secs_f64()));
+    }
+    applied.restore()?;
+    Ok(Some(results))
 }
 
 /// Set by the Ctrl-C / SIGTERM handler: the running tests are stopped and the tree is
