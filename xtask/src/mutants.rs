@@ -1368,16 +1368,21 @@ fn untracked(root: &Path) -> Result<std::collections::BTreeSet<String>> {
 
 /// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within
 /// `limit`: only the run is timed, so a slow rebuild is never taken for a hang.
+/// `build_first: false` is for a tree built already (a shared build's mutants): one
+/// cargo call fewer.
 fn cargo_test(
     root: &Path,
     args: &[&str],
     limit: Duration,
     switch: Option<&str>,
+    build_first: bool,
 ) -> Result<(Outcome, f64)> {
-    // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
-    let build = run_limited(cargo(root, args, true, switch), STUCK)?;
-    if build.timed_out || !build.success {
-        return Ok((Outcome::Unviable, build.secs));
+    if build_first {
+        // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
+        let build = run_limited(cargo(root, args, true, switch), STUCK)?;
+        if build.timed_out || !build.success {
+            return Ok((Outcome::Unviable, build.secs));
+        }
     }
     let run = run_limited(cargo(root, args, false, switch), limit)?;
     if run.timed_out {
@@ -1711,7 +1716,7 @@ pub fn run(args: &[String]) -> Result<()> {
             continue;
         }
         let start = Instant::now();
-        match cargo_test(&root, &tests, STUCK, None)? {
+        match cargo_test(&root, &tests, STUCK, None, true)? {
             (Outcome::Passed, secs) => {
                 println!(
                     "  {:>6.1} s  cargo test {} (built and run in {:.1} s)",
@@ -1808,7 +1813,7 @@ pub fn run(args: &[String]) -> Result<()> {
             let limit = limit_of(&tests);
             let start = Instant::now();
             let mut applied = Applied::apply(&journal, edits)?;
-            let outcome = cargo_test(&root, &tests, limit, None);
+            let outcome = cargo_test(&root, &tests, limit, None, true);
             if matches!(outcome, Ok((Outcome::Unviable, _))) {
                 print_build_errors(&root, &tests)?;
             }
@@ -1880,6 +1885,70 @@ fn print_build_errors(root: &Path, tests: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The runs of a shared build's check: selections that name the same targets run once,
+/// with their test-name filters together (libtest runs every test matching any), or with
+/// none if one of them has none. Each run with the indices of the selections it covers.
+/// A selection passing libtest flags after `--` runs on its own.
+fn merged_checks<'a>(selections: &[Vec<&'a str>]) -> Vec<(Vec<&'a str>, Vec<usize>)> {
+    struct Run<'a> {
+        targets: Vec<&'a str>,
+        /// `None`: the targets' every test.
+        filters: Option<Vec<&'a str>>,
+        members: Vec<usize>,
+        alone: bool,
+    }
+    let mut runs: Vec<Run<'a>> = Vec::new();
+    for (i, sel) in selections.iter().enumerate() {
+        let (mut targets, mut filters) = (Vec::new(), Vec::new());
+        let mut it = sel.iter();
+        while let Some(&arg) = it.next() {
+            match arg {
+                "--" => filters.extend(it.by_ref()),
+                "-p" | "--test" | "--bin" => {
+                    targets.push(arg);
+                    targets.extend(it.next());
+                }
+                flag if flag.starts_with('-') => targets.push(flag),
+                filter => filters.push(filter),
+            }
+        }
+        let alone = filters.iter().any(|f| f.starts_with('-'));
+        let same = runs
+            .iter_mut()
+            .find(|r| !alone && !r.alone && r.targets == targets);
+        match same {
+            Some(run) => {
+                run.members.push(i);
+                match (&mut run.filters, filters.is_empty()) {
+                    (f, true) => *f = None,
+                    (Some(all), false) => all.extend(filters),
+                    (None, false) => {}
+                }
+            }
+            None => runs.push(Run {
+                targets: if alone { sel.clone() } else { targets },
+                filters: (!alone && !filters.is_empty()).then_some(filters),
+                members: vec![i],
+                alone,
+            }),
+        }
+    }
+    runs.into_iter()
+        .map(|run| {
+            let mut args = run.targets;
+            if let Some(filters) = run.filters {
+                args.push("--");
+                for f in filters {
+                    if !args.contains(&f) {
+                        args.push(f);
+                    }
+                }
+            }
+            (args, run.members)
+        })
+        .collect()
+}
+
 /// The fewest mutants a shared build is made for.
 const MIN_SHARED: usize = 5;
 
@@ -1905,7 +1974,7 @@ fn run_shared<'a>(
     // A site whose two branches do not type-check together (a `Range` and a `Rev` of one)
     // is dropped, by the compiler's error lines, and the build tried again.
     let mut attempts = 0;
-    let (mut applied, checked) = loop {
+    let (mut applied, checked, run_count) = loop {
         attempts += 1;
         let mut files: Vec<&str> = plan.iter().map(|(k, _)| group[*k].0.file).collect();
         files.sort_unstable();
@@ -1942,13 +2011,15 @@ fn run_shared<'a>(
         // The check: with no mutant switched on, every selection builds and passes.
         let mut checked: Vec<(Vec<&'a str>, f64)> = Vec::new();
         let mut failed = None;
-        for (k, _) in &plan {
-            let tests = tests_of(group[*k].0);
-            if checked.iter().any(|(t, _)| *t == tests) {
-                continue;
-            }
-            match cargo_test(root, &tests, STUCK, None)? {
-                (Outcome::Passed, secs) => checked.push((tests, secs)),
+        let selections: Vec<Vec<&'a str>> =
+            plan.iter().map(|(k, _)| tests_of(group[*k].0)).collect();
+        let runs = merged_checks(&selections);
+        let run_count = runs.len();
+        for (tests, members) in runs {
+            match cargo_test(root, &tests, STUCK, None, true)? {
+                (Outcome::Passed, secs) => {
+                    checked.extend(members.into_iter().map(|m| (selections[m].clone(), secs)))
+                }
                 (outcome, _) => {
                     failed = Some((tests, outcome));
                     break;
@@ -1956,7 +2027,7 @@ fn run_shared<'a>(
             }
         }
         let Some((tests, outcome)) = failed else {
-            break (applied, checked);
+            break (applied, checked, run_count);
         };
         let mut rejected = Vec::new();
         if outcome == Outcome::Unviable && attempts < 4 {
@@ -2013,7 +2084,8 @@ fn run_shared<'a>(
         }
     };
     println!(
-        "mutants: {krate}: shared build checked in {:.1} s ({} selections pass with no mutant on)",
+        "mutants: {krate}: shared build checked in {:.1} s (with no mutant on, {run_count} \
+         cargo test runs pass the selections of all {})",
         start.elapsed().as_secs_f64(),
         checked.len()
     );
@@ -2028,7 +2100,7 @@ fn run_shared<'a>(
             .map_or(0.0, |(_, secs)| *secs);
         let limit = limit_of(&tests).max(limit_for(own, DEFAULT_TIMEOUT_FACTOR, Duration::ZERO));
         let start = Instant::now();
-        let outcome = cargo_test(root, &tests, limit, Some(m.name));
+        let outcome = cargo_test(root, &tests, limit, Some(m.name), false);
         let outcome = match outcome {
             Ok((outcome, _)) => outcome,
             Err(e) => {
@@ -2394,6 +2466,40 @@ mod tests {
 
     /// A mutant's edits are journaled before the tree changes and undone by `restore`,
     /// by drop (an error or an interruption unwinding) and by the next run's start.
+    #[test]
+    fn a_shared_builds_check_runs_each_target_set_once_with_every_filter() {
+        let sel = |a: &[&'static str]| a.to_vec();
+        let selections = vec![
+            sel(&["-p", "s", "--test", "serve", "alpha"]),
+            sel(&["-p", "s", "--test", "serve", "--", "beta"]),
+            sel(&["-p", "k", "--test", "q8", "top"]),
+            sel(&["-p", "k", "--test", "q8"]),
+            sel(&["-p", "s", "--lib", "metrics::"]),
+            sel(&["-p", "s", "--test", "serve", "alpha"]),
+            sel(&["-p", "s", "--test", "serve", "--", "--exact", "gamma"]),
+        ];
+        let runs = merged_checks(&selections);
+        assert_eq!(
+            runs,
+            vec![
+                (
+                    sel(&["-p", "s", "--test", "serve", "--", "alpha", "beta"]),
+                    vec![0, 1, 5]
+                ),
+                (sel(&["-p", "k", "--test", "q8"]), vec![2, 3]),
+                (sel(&["-p", "s", "--lib", "--", "metrics::"]), vec![4]),
+                (
+                    sel(&["-p", "s", "--test", "serve", "--", "--exact", "gamma"]),
+                    vec![6]
+                ),
+            ]
+        );
+        // Every selection is covered once.
+        let mut all: Vec<usize> = runs.iter().flat_map(|(_, m)| m.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..selections.len()).collect::<Vec<_>>());
+    }
+
     #[test]
     fn edits_are_journaled_and_always_undone() {
         let dir = tempfile::tempdir().unwrap();
