@@ -1,31 +1,33 @@
 //! Shared builds for the mutants of one crate ("mutant schemata").
 //!
 //! Most of a mutants run is rebuilding: a mutant of `onebit-kernels` rebuilds that crate
-//! at opt-level 1 in about 7 s and then runs its tests in one or two. So the mutants of a
-//! crate whose anchors are whole syntax nodes are compiled together, each behind a switch
-//! read at run time, and the tree is built once for all of them:
+//! at opt-level 1 in 7–12 s and then runs its tests in one or two. So the mutants of a
+//! crate are compiled together where they can be, each behind a switch read at run time,
+//! and the crate is built once for all of them:
 //!
 //! ```text
-//! FIND   →   (if {switch "NAME"} { REPLACE } else { FIND })
+//! NODE   →   (if {switch "NAME"} { NODE with the mutant's edit } else { NODE })
 //! ```
 //!
 //! where the switch is true only when the environment variable [`SWITCH`] equals the
 //! mutant's name (read once per site, then a `OnceLock`). A mutant is then its tests run
 //! with `ONEBIT_MUTANT=NAME`, and with no name set every site takes its original branch.
 //!
-//! That is the same program as the textual mutant only where the anchor is one whole
-//! node, so [`site`] accepts an anchor only when the source's syntax tree (syn) has it as
-//! - one value expression (not a place such as `a[i]` or `x.f`, which could be borrowed
-//!   or assigned through: a wrapped place would be a temporary; not a closure or `let`,
-//!   whose wrapping does not type-check), with a replacement that parses as an expression;
-//! - or a run of whole statements of one block, each an expression statement ended by
-//!   `;` (no `let`: its binding would end with the `else` block), with a replacement
-//!   that parses as statements.
+//! That is the textual mutant's program only when `NODE` is a whole node an `if` can
+//! stand for, so [`site`] takes, from the file's syntax tree (syn):
+//! - the anchor itself when it is a run of whole statements of one block, each an
+//!   expression statement ended by `;` (no `let`: its binding would end with the `else`
+//!   block), and the replacement parses as statements;
+//! - otherwise the smallest *value* expression that holds the whole edit (the anchor and
+//!   its replacement without their common beginning and end): not a place such as `a[i]`
+//!   or `x.f` (a borrow of it or an assignment through it would reach a copy), not a
+//!   closure, `async` block or `let` condition, nothing in a constant context; the node
+//!   with the edit made must parse as an expression.
 //!
-//! Everything else (anchors inside macro arguments, parts of expressions, mutants with a
-//! second edit) keeps the one-build-per-mutant path. The caller still checks that the
-//! shared build compiles and that every test selection passes with no mutant switched on
-//! before it trusts a single verdict from it.
+//! Everything else (edits in patterns or a function's own statements, mutants with a
+//! second edit) keeps a build of its own. The caller still checks that the shared build
+//! compiles (dropping sites whose two branches do not type-check together) and that every
+//! test selection passes with no mutant switched on before it trusts a verdict from it.
 
 use proc_macro2::LineColumn;
 use syn::spanned::Spanned;
@@ -57,8 +59,7 @@ pub struct Site {
     pub mutated: String,
 }
 
-/// One expression of the file: its range, whether an `if` can stand for it, and whether
-/// it is a whole statement of its own without `;`.
+/// One expression of the file: its range and whether an `if` can stand for it.
 #[derive(Clone, Copy)]
 struct ExprNode {
     start: usize,
