@@ -1369,26 +1369,31 @@ fn untracked(root: &Path) -> Result<std::collections::BTreeSet<String>> {
 /// Builds the tests of `args` (no time limit but [`STUCK`]), then runs them within
 /// `limit`: only the run is timed, so a slow rebuild is never taken for a hang.
 /// `build_first: false` is for a tree built already (a shared build's mutants): one
-/// cargo call fewer.
+/// cargo call fewer. The third value is a failed build's error output (else empty), so
+/// the caller can say why without building again.
 fn cargo_test(
     root: &Path,
     args: &[&str],
     limit: Duration,
     switch: Option<&str>,
     build_first: bool,
-) -> Result<(Outcome, f64)> {
+) -> Result<(Outcome, f64, String)> {
     if build_first {
         // `cargo test --no-run` takes the same arguments (it ignores test-name filters).
         let build = run_limited(cargo(root, args, true, switch), STUCK)?;
         if build.timed_out || !build.success {
-            return Ok((Outcome::Unviable, build.secs));
+            return Ok((Outcome::Unviable, build.secs, build.stderr));
         }
     }
     let run = run_limited(cargo(root, args, false, switch), limit)?;
     if run.timed_out {
-        return Ok((Outcome::TimedOut, run.secs));
+        return Ok((Outcome::TimedOut, run.secs, String::new()));
     }
-    Ok((classify(run.success, &run.stdout, &run.stderr), run.secs))
+    Ok((
+        classify(run.success, &run.stdout, &run.stderr),
+        run.secs,
+        String::new(),
+    ))
 }
 
 /// The time limit of a mutant's tests: `factor` times their baseline run, at least
@@ -1717,7 +1722,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         let start = Instant::now();
         match cargo_test(&root, &tests, STUCK, None, true)? {
-            (Outcome::Passed, secs) => {
+            (Outcome::Passed, secs, _) => {
                 println!(
                     "  {:>6.1} s  cargo test {} (built and run in {:.1} s)",
                     secs,
@@ -1726,7 +1731,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 );
                 baseline.push((tests, secs));
             }
-            (outcome, _) => bail!(
+            (outcome, _, _) => bail!(
                 "mutants: the tests of '{}' ({}) fail without any mutant: {outcome:?}",
                 m.name,
                 tests.join(" ")
@@ -1758,7 +1763,6 @@ pub fn run(args: &[String]) -> Result<()> {
             bail!("mutants: interrupted");
         }
         let krate = crate_of(group[0].0.file);
-        // The mutants a shared build holds run first, then the rest one build each.
         let mut done = vec![false; group.len()];
         let plan = if one_build_each {
             Vec::new()
@@ -1827,8 +1831,8 @@ pub fn run(args: &[String]) -> Result<()> {
                 let start = Instant::now();
                 let mut applied = Applied::apply(&journal, edits)?;
                 let outcome = cargo_test(&root, &tests, limit, None, true);
-                if matches!(outcome, Ok((Outcome::Unviable, _))) {
-                    print_build_errors(&root, &tests)?;
+                if let Ok((Outcome::Unviable, _, errors)) = &outcome {
+                    println!("{}", first_errors(errors));
                 }
                 applied.restore()?;
                 let verdict = tally.record(outcome?.0, limit);
@@ -1886,17 +1890,14 @@ fn plan_shared(
     Ok(plan)
 }
 
-/// Prints the first errors of building `tests` (why a build failed).
-fn print_build_errors(root: &Path, tests: &[&str]) -> Result<()> {
-    let build = run_limited(cargo(root, tests, true, None), STUCK)?;
-    let errors: Vec<&str> = build
-        .stderr
+/// The first lines of a failed build's errors (why it failed).
+fn first_errors(stderr: &str) -> String {
+    let errors: Vec<&str> = stderr
         .lines()
         .skip_while(|l| !l.starts_with("error"))
         .take(12)
         .collect();
-    println!("{}", errors.join("\n"));
-    Ok(())
+    errors.join("\n")
 }
 
 /// The runs of a shared build's check: selections that name the same targets run once,
@@ -2031,21 +2032,20 @@ fn run_shared<'a>(
         let run_count = runs.len();
         for (tests, members) in runs {
             match cargo_test(root, &tests, STUCK, None, true)? {
-                (Outcome::Passed, secs) => {
+                (Outcome::Passed, secs, _) => {
                     checked.extend(members.into_iter().map(|m| (selections[m].clone(), secs)))
                 }
-                (outcome, _) => {
-                    failed = Some((tests, outcome));
+                (outcome, _, errors) => {
+                    failed = Some((tests, outcome, errors));
                     break;
                 }
             }
         }
-        let Some((tests, outcome)) = failed else {
+        let Some((tests, outcome, errors)) = failed else {
             break (applied, checked, run_count);
         };
         let mut rejected = Vec::new();
         if outcome == Outcome::Unviable && attempts < 4 {
-            let build = run_limited(cargo(root, &tests, true, None), STUCK)?;
             let at = |l: &str| -> Option<usize> {
                 let loc = l.trim_start().strip_prefix("--> ")?;
                 let mut parts = loc.rsplitn(3, ':');
@@ -2060,7 +2060,7 @@ fn run_shared<'a>(
             // parentheses, are not the build's failure).
             let mut in_error = false;
             let mut located: Vec<Option<usize>> = Vec::new();
-            for l in build.stderr.lines() {
+            for l in errors.lines() {
                 if l.starts_with("error") {
                     in_error = !l.starts_with("error: could not compile");
                 } else if l.starts_with("warning") {
@@ -2077,7 +2077,7 @@ fn run_shared<'a>(
         applied.restore()?;
         if rejected.is_empty() {
             if outcome == Outcome::Unviable {
-                print_build_errors(root, &tests)?;
+                println!("{}", first_errors(&errors));
             }
             println!(
                 "mutants: {krate}: the shared build is not usable (cargo test {} with no \
@@ -2116,7 +2116,7 @@ fn run_shared<'a>(
         let start = Instant::now();
         let outcome = cargo_test(root, &tests, limit, Some(m.name), false);
         let outcome = match outcome {
-            Ok((outcome, _)) => outcome,
+            Ok((outcome, _, _)) => outcome,
             Err(e) => {
                 applied.restore()?;
                 return Err(e);
